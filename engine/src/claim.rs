@@ -1,0 +1,91 @@
+//! What a claim returns: the request fingerprint it checks, the outcome, and the token that lets the
+//! winner complete, release or extend its claim.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::response::StoredResponse;
+
+/// SHA-256 (or any 32-byte digest) of the request, computed by the caller. Two requests with the same
+/// key but different fingerprints are different operations.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("…)")
+    }
+}
+
+/// How an acquired claim came to be when the key already had a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// The previous record had outlived its TTL and was replaced.
+    Expired,
+    /// The previous claim was still in progress but its lease had run out (its holder is presumed
+    /// dead); the new claim has a larger fencing token, so the old holder can no longer complete.
+    LeaseExpired,
+}
+
+/// The result of [`crate::Store::claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The caller owns the key and must complete, release, or let the lease run out.
+    Acquired(ClaimToken),
+    /// Another claim with the same fingerprint is running; try again after `retry_after`.
+    InProgress {
+        /// Time left on the running claim's lease.
+        retry_after: Duration,
+    },
+    /// The key was completed with the same fingerprint: replay this response.
+    Completed(StoredResponse),
+    /// The key is held or completed with a different fingerprint.
+    Mismatch,
+}
+
+/// Proof of an acquired claim. It names the key and carries the fencing token; the store rejects it
+/// once another claim has taken the key over.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClaimToken {
+    /// `[scope length u8][scope][key]`, the index key.
+    pub(crate) id: Box<[u8]>,
+    pub(crate) fence: u64,
+    pub(crate) takeover: Option<Takeover>,
+}
+
+impl ClaimToken {
+    /// The scope the claim was made in.
+    pub fn scope(&self) -> &[u8] {
+        crate::index::split_record_key(&self.id).0
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &[u8] {
+        crate::index::split_record_key(&self.id).1
+    }
+
+    /// The fencing token: strictly larger than that of any earlier claim in this store.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// Set when this claim replaced an existing record.
+    pub fn takeover(&self) -> Option<Takeover> {
+        self.takeover
+    }
+}
+
+impl fmt::Debug for ClaimToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimToken")
+            .field("scope", &String::from_utf8_lossy(self.scope()))
+            .field("key", &String::from_utf8_lossy(self.key()))
+            .field("fence", &self.fence)
+            .field("takeover", &self.takeover)
+            .finish()
+    }
+}

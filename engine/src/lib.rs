@@ -1,0 +1,70 @@
+//! idemlog: an embedded store for HTTP `Idempotency-Key` records.
+//!
+//! A payment API must survive retries: the client sends one key per business operation, the server
+//! atomically claims `(scope, key)`, runs the handler once, stores the final response, and replays it
+//! to every retry. This crate is the storage half of that: an append-only, CRC-framed log on disk
+//! plus a sharded in-memory index, giving atomic [`Store::claim`] / [`Store::complete`] /
+//! [`Store::release`] with TTL expiry, leases with fencing tokens for stuck claims, group commit, and
+//! crash recovery.
+//!
+//! ```
+//! use std::time::Duration;
+//! use idemlog::{ClaimOutcome, Fingerprint, Options, SideWrite, Store, StoredResponse};
+//!
+//! # fn main() -> Result<(), idemlog::Error> {
+//! # let tmp = std::env::temp_dir().join(format!("idemlog-doc-{}", std::process::id()));
+//! let store = Store::open(&tmp, Options::default())?;
+//! let fp = Fingerprint([7; 32]); // SHA-256 of the request, computed by the caller
+//! let ttl = Duration::from_secs(24 * 3600);
+//!
+//! // First request: we own the key, run the handler, store its response with the business record.
+//! let ClaimOutcome::Acquired(token) = store.claim(b"acct_1", b"order-42", &fp, ttl)? else {
+//!     unreachable!("a fresh key is always acquired");
+//! };
+//! let response = StoredResponse::new(201, r#"{"id":"pay_1"}"#).with_header("Location", "/payments/pay_1");
+//! store.complete(&token, &response, &[SideWrite::put("payments", "pay_1", r#"{"amount":100}"#)])?;
+//!
+//! // A retry of the same request gets the stored response back, byte for byte.
+//! match store.claim(b"acct_1", b"order-42", &fp, ttl)? {
+//!     ClaimOutcome::Completed(replayed) => assert_eq!(replayed, response),
+//!     other => panic!("expected a replay, got {other:?}"),
+//! }
+//! // The same key with a different request is refused.
+//! assert_eq!(store.claim(b"acct_1", b"order-42", &Fingerprint([8; 32]), ttl)?, ClaimOutcome::Mismatch);
+//! # drop(store);
+//! # std::fs::remove_dir_all(&tmp).ok();
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Durability modes and what each survives are described on [`Durability`]; the on-disk format and the
+//! argument why every crash leaves a recoverable log are in `FORMAT.md`.
+
+#![forbid(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod claim;
+mod clock;
+mod codec;
+mod error;
+mod index;
+mod limits;
+mod log;
+mod options;
+mod record;
+mod recovery;
+mod response;
+mod side;
+pub mod storage;
+mod store;
+
+pub use claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Corruption, Error, Result};
+pub use limits::{MAX_KEY, MAX_SCOPE, MAX_VALUE};
+pub use options::{Durability, Options};
+pub use record::{Record, RecordState};
+pub use recovery::{RecoveryReport, TornTail};
+pub use response::StoredResponse;
+pub use side::SideWrite;
+pub use store::{LOCK_FILE, Stats, Store};

@@ -1,0 +1,10 @@
+//! The append-only log: frames (`frame`), the operations inside them (`op`), segment files
+//! (`segment`, `segments`), the group-committing writer (`writer`) and its background flusher.
+//! `FORMAT.md` at the crate root documents the bytes.
+
+pub(crate) mod flusher;
+pub(crate) mod frame;
+pub(crate) mod op;
+pub(crate) mod segment;
+pub(crate) mod segments;
+pub(crate) mod writer;

@@ -1,0 +1,404 @@
+//! Operations: what a frame's payload carries (see `FORMAT.md`).
+//!
+//! Every operation is a self-contained snapshot ("the record for (scope, key) is now X"), never a
+//! delta. Replaying a log is therefore idempotent and order-only: applying the same operation twice, or
+//! applying a compacted copy of a record after the original, leaves the same state. Compaction relies on
+//! this: it copies live operations verbatim.
+//!
+//! ```text
+//! op        := tag u8, fields
+//! 0x01 in progress  scope:b8 key:b8 fingerprint:[32] fence:u64 created:u64 expires:u64 lease_until:u64
+//! 0x02 completed    scope:b8 key:b8 fingerprint:[32] fence:u64 created:u64 expires:u64 response
+//! 0x03 released     scope:b8 key:b8 fence:u64
+//! 0x04 side put     namespace:b8 key:b16 expires:u64 value:b32       (expires u64::MAX = never)
+//! 0x05 side remove  namespace:b8 key:b16
+//! 0x06 fence floor  next_fence:u64
+//! response  := status:u16 header_count:u16 (name:b8 value:b16)* body:b32
+//! bN        := length as uN, then that many bytes
+//! ```
+
+use bytes::Bytes;
+
+use crate::codec::{DecodeError, Decoder, Encoder};
+use crate::response::StoredResponse;
+
+const IN_PROGRESS: u8 = 0x01;
+const COMPLETED: u8 = 0x02;
+const RELEASED: u8 = 0x03;
+const SIDE_PUT: u8 = 0x04;
+const SIDE_REMOVE: u8 = 0x05;
+const FENCE_FLOOR: u8 = 0x06;
+
+/// `expires_at` of a side record that never expires.
+pub(crate) const NEVER: u64 = u64::MAX;
+
+/// The fields every idempotency-record snapshot carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Head<'a> {
+    pub(crate) scope: &'a [u8],
+    pub(crate) key: &'a [u8],
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) fence: u64,
+    pub(crate) created_at: u64,
+    pub(crate) expires_at: u64,
+}
+
+/// A response either as a value to encode or as the encoded bytes found in the log.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Response<'a> {
+    Value(&'a StoredResponse),
+    Encoded(&'a [u8]),
+}
+
+/// One operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op<'a> {
+    InProgress {
+        head: Head<'a>,
+        lease_until: u64,
+    },
+    Completed {
+        head: Head<'a>,
+        response: Response<'a>,
+    },
+    Released {
+        scope: &'a [u8],
+        key: &'a [u8],
+        fence: u64,
+    },
+    SidePut {
+        namespace: &'a [u8],
+        key: &'a [u8],
+        expires_at: u64,
+        value: &'a [u8],
+    },
+    SideRemove {
+        namespace: &'a [u8],
+        key: &'a [u8],
+    },
+    FenceFloor {
+        next_fence: u64,
+    },
+}
+
+/// Why a checksummed payload does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpError {
+    UnknownTag(u8),
+    Malformed(&'static str),
+}
+
+impl From<DecodeError> for OpError {
+    fn from(_: DecodeError) -> Self {
+        OpError::Malformed("operation cut short")
+    }
+}
+
+const HEAD_FIXED: usize = 1 + 1 + 32 + 8 + 8 + 8;
+
+fn head_len(head: &Head<'_>) -> usize {
+    HEAD_FIXED + head.scope.len() + head.key.len()
+}
+
+fn response_len(response: &Response<'_>) -> usize {
+    match response {
+        Response::Encoded(raw) => raw.len(),
+        Response::Value(r) => {
+            2 + 2
+                + r.headers
+                    .iter()
+                    .map(|(n, v)| 1 + n.len() + 2 + v.len())
+                    .sum::<usize>()
+                + 4
+                + r.body.len()
+        }
+    }
+}
+
+impl Op<'_> {
+    /// Exact number of bytes [`Op::encode`] appends.
+    pub(crate) fn encoded_len(&self) -> usize {
+        1 + match self {
+            Op::InProgress { head, .. } => head_len(head) + 8,
+            Op::Completed { head, response } => head_len(head) + response_len(response),
+            Op::Released { scope, key, .. } => 2 + scope.len() + key.len() + 8,
+            Op::SidePut {
+                namespace,
+                key,
+                value,
+                ..
+            } => 1 + namespace.len() + 2 + key.len() + 8 + 4 + value.len(),
+            Op::SideRemove { namespace, key } => 1 + namespace.len() + 2 + key.len(),
+            Op::FenceFloor { .. } => 8,
+        }
+    }
+
+    /// Appends the operation. Lengths must have passed `limits`.
+    pub(crate) fn encode(&self, buf: &mut Vec<u8>) {
+        let mut e = Encoder::new(buf);
+        match self {
+            Op::InProgress { head, lease_until } => {
+                e.u8(IN_PROGRESS);
+                encode_head(&mut e, head);
+                e.u64(*lease_until);
+            }
+            Op::Completed { head, response } => {
+                e.u8(COMPLETED);
+                encode_head(&mut e, head);
+                match response {
+                    Response::Encoded(raw) => e.raw(raw),
+                    Response::Value(r) => encode_response(&mut e, r),
+                }
+            }
+            Op::Released { scope, key, fence } => {
+                e.u8(RELEASED);
+                e.bytes8(scope);
+                e.bytes8(key);
+                e.u64(*fence);
+            }
+            Op::SidePut {
+                namespace,
+                key,
+                expires_at,
+                value,
+            } => {
+                e.u8(SIDE_PUT);
+                e.bytes8(namespace);
+                e.bytes16(key);
+                e.u64(*expires_at);
+                e.bytes32(value);
+            }
+            Op::SideRemove { namespace, key } => {
+                e.u8(SIDE_REMOVE);
+                e.bytes8(namespace);
+                e.bytes16(key);
+            }
+            Op::FenceFloor { next_fence } => {
+                e.u8(FENCE_FLOOR);
+                e.u64(*next_fence);
+            }
+        }
+    }
+}
+
+fn encode_head(e: &mut Encoder<'_>, head: &Head<'_>) {
+    e.bytes8(head.scope);
+    e.bytes8(head.key);
+    e.raw(&head.fingerprint);
+    e.u64(head.fence);
+    e.u64(head.created_at);
+    e.u64(head.expires_at);
+}
+
+fn encode_response(e: &mut Encoder<'_>, r: &StoredResponse) {
+    e.u16(r.status);
+    e.u16(u16::try_from(r.headers.len()).expect("limits bound the header count"));
+    for (name, value) in &r.headers {
+        e.bytes8(name.as_bytes());
+        e.bytes16(value);
+    }
+    e.bytes32(&r.body);
+}
+
+fn decode_head<'a>(d: &mut Decoder<'a>) -> Result<Head<'a>, OpError> {
+    let scope = d.bytes8()?;
+    let key = d.bytes8()?;
+    if scope.is_empty() || key.is_empty() {
+        return Err(OpError::Malformed("empty scope or key"));
+    }
+    Ok(Head {
+        scope,
+        key,
+        fingerprint: d.fixed()?,
+        fence: d.u64()?,
+        created_at: d.u64()?,
+        expires_at: d.u64()?,
+    })
+}
+
+/// Walks an encoded response, checking its structure, and returns its bytes.
+fn decode_response_extent<'a>(d: &mut Decoder<'a>, whole: &'a [u8]) -> Result<&'a [u8], OpError> {
+    let start = d.position();
+    d.u16()?;
+    let count = d.u16()?;
+    for _ in 0..count {
+        let name = d.bytes8()?;
+        if std::str::from_utf8(name).is_err() {
+            return Err(OpError::Malformed("header name is not UTF-8"));
+        }
+        d.bytes16()?;
+    }
+    d.bytes32()?;
+    Ok(&whole[start..d.position()])
+}
+
+fn side_key<'a>(d: &mut Decoder<'a>) -> Result<&'a [u8], OpError> {
+    let key = d.bytes16()?;
+    if key.len() > crate::limits::MAX_SIDE_KEY {
+        return Err(OpError::Malformed("side key too long"));
+    }
+    Ok(key)
+}
+
+/// Decodes every operation in a frame payload, each with its offset and length inside the payload.
+/// The payload must be consumed exactly.
+pub(crate) fn decode_all(payload: &[u8]) -> Result<Vec<(usize, usize, Op<'_>)>, OpError> {
+    let mut d = Decoder::new(payload);
+    let mut ops = Vec::new();
+    while !d.is_empty() {
+        let start = d.position();
+        let op = decode_one(&mut d, payload)?;
+        ops.push((start, d.position() - start, op));
+    }
+    if ops.is_empty() {
+        return Err(OpError::Malformed("frame without operations"));
+    }
+    Ok(ops)
+}
+
+fn decode_one<'a>(d: &mut Decoder<'a>, whole: &'a [u8]) -> Result<Op<'a>, OpError> {
+    let tag = d.u8()?;
+    Ok(match tag {
+        IN_PROGRESS => Op::InProgress {
+            head: decode_head(d)?,
+            lease_until: d.u64()?,
+        },
+        COMPLETED => Op::Completed {
+            head: decode_head(d)?,
+            response: Response::Encoded(decode_response_extent(d, whole)?),
+        },
+        RELEASED => Op::Released {
+            scope: d.bytes8()?,
+            key: d.bytes8()?,
+            fence: d.u64()?,
+        },
+        SIDE_PUT => Op::SidePut {
+            namespace: d.bytes8()?,
+            key: side_key(d)?,
+            expires_at: d.u64()?,
+            value: d.bytes32()?,
+        },
+        SIDE_REMOVE => Op::SideRemove {
+            namespace: d.bytes8()?,
+            key: side_key(d)?,
+        },
+        FENCE_FLOOR => Op::FenceFloor {
+            next_fence: d.u64()?,
+        },
+        other => return Err(OpError::UnknownTag(other)),
+    })
+}
+
+/// Decodes the single operation stored at a location, borrowing from `bytes`.
+pub(crate) fn decode_at(bytes: &[u8]) -> Result<Op<'_>, OpError> {
+    let mut d = Decoder::new(bytes);
+    let op = decode_one(&mut d, bytes)?;
+    if !d.is_empty() {
+        return Err(OpError::Malformed("operation length mismatch"));
+    }
+    Ok(op)
+}
+
+/// Turns an encoded response (a sub-slice of `owner`) into a value whose body shares `owner`'s memory.
+pub(crate) fn response_from(owner: &Bytes, raw: &[u8]) -> Result<StoredResponse, OpError> {
+    let mut d = Decoder::new(raw);
+    let status = d.u16()?;
+    let count = d.u16()?;
+    let mut headers = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let name = std::str::from_utf8(d.bytes8()?)
+            .map_err(|_| OpError::Malformed("header name is not UTF-8"))?;
+        let value = owner.slice_ref(d.bytes16()?);
+        headers.push((name.to_owned(), value));
+    }
+    let body = owner.slice_ref(d.bytes32()?);
+    Ok(StoredResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head() -> Head<'static> {
+        Head {
+            scope: b"acct_1",
+            key: b"key-1",
+            fingerprint: [7; 32],
+            fence: 9,
+            created_at: 1_000,
+            expires_at: 2_000,
+        }
+    }
+
+    fn round_trip(op: Op<'_>) -> Vec<u8> {
+        let mut buf = Vec::new();
+        op.encode(&mut buf);
+        assert_eq!(
+            buf.len(),
+            op.encoded_len(),
+            "encoded_len is exact for {op:?}"
+        );
+        buf
+    }
+
+    #[test]
+    fn completed_op_round_trips_with_its_response() {
+        let response = StoredResponse::new(201, &b"{\"id\":1}"[..]).with_header("Location", "/p/1");
+        let buf = round_trip(Op::Completed {
+            head: head(),
+            response: Response::Value(&response),
+        });
+        let owner = Bytes::from(buf);
+        let Op::Completed {
+            head: h,
+            response: Response::Encoded(raw),
+        } = decode_at(&owner).unwrap()
+        else {
+            panic!("wrong op");
+        };
+        assert_eq!(h, head());
+        assert_eq!(response_from(&owner, raw).unwrap(), response);
+    }
+
+    #[test]
+    fn every_op_kind_has_an_exact_length() {
+        round_trip(Op::InProgress {
+            head: head(),
+            lease_until: 5,
+        });
+        round_trip(Op::Released {
+            scope: b"s",
+            key: b"k",
+            fence: 1,
+        });
+        round_trip(Op::SidePut {
+            namespace: b"ns",
+            key: b"k",
+            expires_at: NEVER,
+            value: b"v",
+        });
+        round_trip(Op::SideRemove {
+            namespace: b"ns",
+            key: b"k",
+        });
+        round_trip(Op::FenceFloor { next_fence: 3 });
+    }
+
+    #[test]
+    fn unknown_op_tag_is_rejected() {
+        assert_eq!(decode_all(&[0x7f]).err(), Some(OpError::UnknownTag(0x7f)));
+    }
+
+    #[test]
+    fn trailing_bytes_after_ops_are_malformed() {
+        let buf = round_trip(Op::FenceFloor { next_fence: 3 });
+        let mut longer = buf.clone();
+        longer.push(IN_PROGRESS);
+        assert!(matches!(decode_all(&longer), Err(OpError::Malformed(_))));
+        assert_eq!(decode_all(&buf).unwrap().len(), 1);
+    }
+}

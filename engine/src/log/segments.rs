@@ -1,0 +1,71 @@
+//! The set of segment files the store currently reads from, by id.
+//!
+//! The writer adds a segment when it rotates; compaction swaps sealed ones out. Readers take an
+//! `Arc` of the file while they hold the index shard lock that gave them the location, so a segment
+//! removed afterwards stays readable for them (its file handle, and on Unix its data, live on).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::RwLock;
+
+use super::segment::{Loc, file_name};
+use crate::error::{Error, Result};
+use crate::storage::StorageFile;
+
+/// An open segment file and its path.
+#[derive(Clone)]
+pub(crate) struct SegmentFile {
+    pub(crate) id: u32,
+    pub(crate) path: PathBuf,
+    pub(crate) file: Arc<dyn StorageFile>,
+}
+
+impl SegmentFile {
+    /// Reads the bytes of one operation.
+    pub(crate) fn read(&self, loc: Loc) -> Result<Bytes> {
+        debug_assert_eq!(loc.segment, self.id);
+        self.file
+            .read_at(u64::from(loc.offset), loc.len as usize)
+            .map_err(|e| Error::io("read", &self.path, e))
+    }
+}
+
+/// Open segments by id.
+pub(crate) struct Segments {
+    dir: PathBuf,
+    files: RwLock<BTreeMap<u32, SegmentFile>>,
+}
+
+impl Segments {
+    pub(crate) fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            files: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    pub(crate) fn path(&self, id: u32) -> PathBuf {
+        self.dir.join(file_name(id))
+    }
+
+    pub(crate) fn insert(&self, segment: SegmentFile) {
+        self.files.write().insert(segment.id, segment);
+    }
+
+    /// The segment holding `loc`. A location the index hands out always names an open segment.
+    pub(crate) fn get(&self, id: u32) -> SegmentFile {
+        self.files
+            .read()
+            .get(&id)
+            .cloned()
+            .expect("index locations always name an open segment")
+    }
+
+    /// All open segments in id order.
+    pub(crate) fn all(&self) -> Vec<SegmentFile> {
+        self.files.read().values().cloned().collect()
+    }
+}

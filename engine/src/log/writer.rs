@@ -1,0 +1,350 @@
+//! The log writer: appends frames, and group-commits them.
+//!
+//! Appending only encodes a frame into an in-memory buffer under a short mutex and returns the frame's
+//! end position. Making it durable is a separate step ([`LogWriter::commit`]) taken after the caller
+//! has released its index lock. There, callers elect a leader: the first caller that finds no flush in
+//! progress takes the whole buffer (its own frame and everything appended since the last flush), writes
+//! it with one `pwrite`, and issues one fdatasync, with the mutex released; everyone else waits on a
+//! condition variable until the durable position passes their own. Throughput therefore grows with the
+//! number of concurrent callers instead of being capped at one fdatasync per operation.
+//!
+//! Invariants:
+//! - Frames reach the file in append order, each whole: the buffer only ever holds whole frames and a
+//!   flush takes all of it, so the written and synced positions always fall on frame boundaries.
+//! - `written` and `synced` only grow; an older segment is fully written and synced before a newer one
+//!   is created, so a position in an older segment is durable whenever a newer segment exists.
+//! - After a failed write or fdatasync the writer is poisoned: the failure is never retried (the
+//!   kernel may have dropped the dirty pages) and every later call fails until the store is reopened.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use super::frame::{self, MAX_PAYLOAD, TAG_OPS};
+use super::op::Op;
+use super::segment::{self, Loc, Pos};
+use super::segments::{SegmentFile, Segments};
+use crate::error::{Error, Result};
+use crate::options::Durability;
+use crate::storage::Storage;
+
+/// In `Durability::None`, a caller that finds this much buffered writes it out itself.
+const NONE_FLUSH_BYTES: usize = 256 << 10;
+
+/// Where a frame went and how much is buffered behind it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Appended {
+    pub(crate) end: Pos,
+    buffered: usize,
+}
+
+/// Counters for `stats()`.
+#[derive(Debug, Default)]
+pub(crate) struct WriterCounters {
+    pub(crate) frames: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) syncs: AtomicU64,
+}
+
+struct State {
+    active: SegmentFile,
+    /// Bytes of the active segment handed to the OS.
+    written: u32,
+    /// Bytes of the active segment covered by fdatasync.
+    synced: u32,
+    /// Whole frames appended after `written`.
+    buf: Vec<u8>,
+    /// An empty buffer kept to swap in during a flush, so its capacity is reused.
+    spare: Vec<u8>,
+    /// A leader is writing outside the mutex.
+    flushing: bool,
+    poison: Option<Arc<Error>>,
+}
+
+/// Appends frames to the active segment and makes them durable (see the module docs).
+pub(crate) struct LogWriter {
+    storage: Arc<dyn Storage>,
+    dir: PathBuf,
+    segments: Arc<Segments>,
+    durability: Durability,
+    segment_size: u32,
+    state: Mutex<State>,
+    flushed: Condvar,
+    written: AtomicU64,
+    synced: AtomicU64,
+    poisoned: AtomicBool,
+    pub(crate) counters: WriterCounters,
+}
+
+impl LogWriter {
+    /// A writer appending to `active`, whose first `len` bytes are valid and durable.
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        segments: Arc<Segments>,
+        durability: Durability,
+        segment_size: u32,
+        active: SegmentFile,
+        len: u32,
+    ) -> Self {
+        let pos = Pos::new(active.id, len).0;
+        Self {
+            storage,
+            dir,
+            segments,
+            durability,
+            segment_size,
+            state: Mutex::new(State {
+                active,
+                written: len,
+                synced: len,
+                buf: Vec::with_capacity(64 << 10),
+                spare: Vec::with_capacity(64 << 10),
+                flushing: false,
+                poison: None,
+            }),
+            flushed: Condvar::new(),
+            written: AtomicU64::new(pos),
+            synced: AtomicU64::new(pos),
+            poisoned: AtomicBool::new(false),
+            counters: WriterCounters::default(),
+        }
+    }
+
+    /// Fails if an earlier I/O error poisoned the writer.
+    pub(crate) fn check_poisoned(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            let st = self.state.lock();
+            if let Some(cause) = &st.poison {
+                return Err(Error::Poisoned(Arc::clone(cause)));
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self, st: &State) -> Result<()> {
+        match &st.poison {
+            Some(cause) => Err(Error::Poisoned(Arc::clone(cause))),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&self, st: &mut State, cause: Error) -> Error {
+        let cause = Arc::new(cause);
+        st.poison = Some(Arc::clone(&cause));
+        self.poisoned.store(true, Ordering::Release);
+        self.flushed.notify_all();
+        Error::Poisoned(cause)
+    }
+
+    /// Encodes `ops` as one frame at the end of the log and pushes each operation's location onto
+    /// `locs`. Nothing is durable yet: pass the result to [`LogWriter::commit`].
+    pub(crate) fn append(&self, ops: &[Op<'_>], locs: &mut Vec<Loc>) -> Result<Appended> {
+        let payload: usize = ops.iter().map(Op::encoded_len).sum();
+        if payload > MAX_PAYLOAD {
+            return Err(Error::TooLarge {
+                what: "frame",
+                len: payload,
+                max: MAX_PAYLOAD,
+            });
+        }
+        let frame_len = frame::HEADER_LEN + payload;
+        let mut st = self.state.lock();
+        self.check(&st)?;
+        let tail = st.written as usize + st.buf.len();
+        if tail + frame_len > self.segment_size as usize && tail > segment::HEADER_LEN {
+            self.rotate(&mut st)?;
+        }
+        let st = &mut *st;
+        let base = st.written as usize + st.buf.len();
+        let segment = st.active.id;
+        let start = st.buf.len();
+        frame::encode(&mut st.buf, TAG_OPS, u64::from(st.synced), |buf| {
+            for op in ops {
+                let before = buf.len();
+                op.encode(buf);
+                locs.push(Loc {
+                    segment,
+                    offset: (base + before - start) as u32,
+                    len: (buf.len() - before) as u32,
+                });
+            }
+        });
+        debug_assert_eq!(st.buf.len() - start, frame_len);
+        self.counters.frames.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes
+            .fetch_add(frame_len as u64, Ordering::Relaxed);
+        Ok(Appended {
+            end: Pos::new(segment, (base + frame_len) as u32),
+            buffered: st.buf.len(),
+        })
+    }
+
+    /// Waits until an appended frame is as durable as the durability mode promises.
+    pub(crate) fn commit(&self, appended: Appended) -> Result<()> {
+        match self.durability {
+            Durability::Sync => self.flush(appended.end, true),
+            Durability::Periodic(_) => self.flush(appended.end, false),
+            Durability::None if appended.buffered >= NONE_FLUSH_BYTES => {
+                self.flush(appended.end, false)
+            }
+            Durability::None => Ok(()),
+        }
+    }
+
+    /// Waits until the log up to `end` may be shown to a caller: durable under `Sync`, written to the
+    /// OS (and so readable from the file) otherwise.
+    pub(crate) fn wait_visible(&self, end: Pos) -> Result<()> {
+        self.flush(end, self.durability == Durability::Sync)
+    }
+
+    /// Writes and fdatasyncs everything appended so far.
+    pub(crate) fn sync_all(&self) -> Result<()> {
+        let end = self.appended_end();
+        self.flush(end, true)
+    }
+
+    /// Writes (without syncing) everything appended so far.
+    pub(crate) fn write_all(&self) -> Result<()> {
+        let end = self.appended_end();
+        self.flush(end, false)
+    }
+
+    fn appended_end(&self) -> Pos {
+        let st = self.state.lock();
+        Pos::new(st.active.id, st.written + st.buf.len() as u32)
+    }
+
+    fn flush(&self, end: Pos, sync: bool) -> Result<()> {
+        let reached = |w: &Self| {
+            let target = if sync { &w.synced } else { &w.written };
+            target.load(Ordering::Acquire) >= end.0
+        };
+        if reached(self) {
+            return Ok(());
+        }
+        let mut st = self.state.lock();
+        loop {
+            self.check(&st)?;
+            if reached(self) {
+                return Ok(());
+            }
+            if st.flushing {
+                self.flushed.wait(&mut st);
+            } else {
+                self.lead(&mut st, sync)?;
+            }
+        }
+    }
+
+    /// One flush round as leader: take the buffer, write and maybe sync it with the mutex released.
+    fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) -> Result<()> {
+        let spare = std::mem::take(&mut st.spare);
+        let mut data = std::mem::replace(&mut st.buf, spare);
+        let active = st.active.clone();
+        let offset = st.written;
+        let new_written = offset + data.len() as u32;
+        let do_sync = (sync || self.durability == Durability::Sync) && st.synced < new_written;
+        st.flushing = true;
+        let result = MutexGuard::unlocked(st, || -> Result<()> {
+            if !data.is_empty() {
+                active
+                    .file
+                    .write_at(u64::from(offset), &data)
+                    .map_err(|e| Error::io("write", &active.path, e))?;
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            }
+            if do_sync {
+                active
+                    .file
+                    .sync_data()
+                    .map_err(|e| Error::io("fdatasync", &active.path, e))?;
+                self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        st.flushing = false;
+        if let Err(e) = result {
+            return Err(self.poison(st, e));
+        }
+        st.written = new_written;
+        self.written
+            .store(Pos::new(active.id, new_written).0, Ordering::Release);
+        if do_sync {
+            st.synced = new_written;
+            self.synced
+                .store(Pos::new(active.id, new_written).0, Ordering::Release);
+        }
+        data.clear();
+        st.spare = data;
+        self.flushed.notify_all();
+        Ok(())
+    }
+
+    /// Seals the active segment (writes and syncs what is buffered) and starts the next one. Runs with
+    /// the mutex held: appends pause for two fdatasyncs and a directory sync, once per segment.
+    fn rotate(&self, st: &mut MutexGuard<'_, State>) -> Result<()> {
+        while st.flushing {
+            self.flushed.wait(st);
+        }
+        self.check(st)?;
+        let old = st.active.clone();
+        let data = std::mem::take(&mut st.buf);
+        let sealed = (|| -> Result<()> {
+            if !data.is_empty() {
+                old.file
+                    .write_at(u64::from(st.written), &data)
+                    .map_err(|e| Error::io("write", &old.path, e))?;
+            }
+            old.file
+                .sync_data()
+                .map_err(|e| Error::io("fdatasync", &old.path, e))?;
+            old.file
+                .seal()
+                .map_err(|e| Error::io("map", &old.path, e))?;
+            Ok(())
+        })();
+        if let Err(e) = sealed {
+            return Err(self.poison(st, e));
+        }
+        let next = match create_segment(&*self.storage, &self.segments, &self.dir, old.id + 1) {
+            Ok(next) => next,
+            Err(e) => return Err(self.poison(st, e)),
+        };
+        let len = segment::HEADER_LEN as u32;
+        st.active = next;
+        st.written = len;
+        st.synced = len;
+        let pos = Pos::new(st.active.id, len).0;
+        self.written.store(pos, Ordering::Release);
+        self.synced.store(pos, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Creates segment `id` durably (header written and synced, directory synced) and registers it.
+pub(crate) fn create_segment(
+    storage: &dyn Storage,
+    segments: &Segments,
+    dir: &std::path::Path,
+    id: u32,
+) -> Result<SegmentFile> {
+    let path = segments.path(id);
+    let file = storage
+        .create_new(&path)
+        .map_err(|e| Error::io("create", &path, e))?;
+    file.write_at(0, &segment::encode_header(id))
+        .map_err(|e| Error::io("write", &path, e))?;
+    file.sync_data()
+        .map_err(|e| Error::io("fdatasync", &path, e))?;
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))?;
+    let segment = SegmentFile { id, path, file };
+    segments.insert(segment.clone());
+    Ok(segment)
+}

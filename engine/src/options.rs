@@ -1,0 +1,139 @@
+//! How a store is opened: durability, lease length, limits, and the injected clock and storage.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::limits::MAX_VALUE;
+use crate::storage::{FsStorage, Storage};
+
+/// When an operation's record must be on stable storage before the call returns.
+///
+/// | mode | a call returns after | process crash | power loss |
+/// |---|---|---|---|
+/// | `Sync` | fdatasync covered its record (shared by concurrent callers) | nothing acknowledged is lost | nothing acknowledged is lost |
+/// | `Periodic(t)` | its record was written to the OS | nothing acknowledged is lost | up to `t` of acknowledged work is lost |
+/// | `None` | its record was queued in the process | up to ~50 ms or 256 KiB of acknowledged work is lost | anything since the last `sync`/close may be lost |
+///
+/// In every mode a crash leaves a log that opens: torn tails are cut at the last whole frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Group commit: every call waits for an fdatasync that covers it.
+    #[default]
+    Sync,
+    /// A background thread fdatasyncs at this interval.
+    Periodic(Duration),
+    /// No fdatasync except on `sync()` and close; records are written in batches.
+    None,
+}
+
+/// Options for [`crate::Store::open`].
+#[derive(Clone)]
+pub struct Options {
+    /// Durability mode; defaults to [`Durability::Sync`].
+    pub durability: Durability,
+    /// How long a claim holds its key before another claim may take it over (30 s by default).
+    /// [`crate::Store::extend`] renews it.
+    pub lease: Duration,
+    /// Size at which the active segment is sealed and a new one started (64 MiB by default).
+    pub segment_size: u32,
+    /// Largest response body or side value accepted (4 MiB by default, at most 16 MiB).
+    pub max_value_bytes: usize,
+    /// Source of time for TTLs and leases.
+    pub clock: Arc<dyn Clock>,
+    /// File system access.
+    pub storage: Arc<dyn Storage>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Sync,
+            lease: Duration::from_secs(30),
+            segment_size: 64 << 20,
+            max_value_bytes: 4 << 20,
+            clock: Arc::new(SystemClock),
+            storage: Arc::new(FsStorage),
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("durability", &self.durability)
+            .field("lease", &self.lease)
+            .field("segment_size", &self.segment_size)
+            .field("max_value_bytes", &self.max_value_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+// A full-size body plus headers and side values must fit in one frame.
+const _: () = assert!(MAX_VALUE * 2 < crate::log::frame::MAX_PAYLOAD);
+
+impl Options {
+    /// Sets the durability mode.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets the lease length.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the segment size.
+    pub fn segment_size(mut self, bytes: u32) -> Self {
+        self.segment_size = bytes;
+        self
+    }
+
+    /// Sets the largest body or side value.
+    pub fn max_value_bytes(mut self, bytes: usize) -> Self {
+        self.max_value_bytes = bytes;
+        self
+    }
+
+    /// Injects a clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Injects a storage implementation.
+    pub fn storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.lease < Duration::from_millis(1) {
+            return Err(Error::InvalidOptions("lease must be at least 1 ms".into()));
+        }
+        if let Durability::Periodic(interval) = self.durability
+            && interval < Duration::from_millis(1)
+        {
+            return Err(Error::InvalidOptions(
+                "periodic sync interval must be at least 1 ms".into(),
+            ));
+        }
+        if self.max_value_bytes > MAX_VALUE {
+            return Err(Error::InvalidOptions(format!(
+                "max_value_bytes {} exceeds the format's {MAX_VALUE}",
+                self.max_value_bytes
+            )));
+        }
+        let min_segment = 4096;
+        let max_segment = 1 << 30;
+        if !(min_segment..=max_segment).contains(&self.segment_size) {
+            return Err(Error::InvalidOptions(format!(
+                "segment_size must be between {min_segment} and {max_segment} bytes"
+            )));
+        }
+        Ok(())
+    }
+}

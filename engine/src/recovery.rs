@@ -1,0 +1,275 @@
+//! Opening: scan every segment, verify every checksum, rebuild the index, cut a torn tail.
+//!
+//! Rules (the argument for them is in `FORMAT.md`):
+//! - Segments are replayed in id order, frames in file order, the operations of a frame together.
+//! - Damage (a short or checksum-failing frame) in any segment but the last is corruption: older
+//!   segments were fully synced before a newer one was created.
+//! - Damage in the last segment is a torn tail, cut off, unless a later intact frame carries a sync
+//!   mark beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
+//! - A frame whose checksums hold but whose tag or operations this build does not understand is an
+//!   error, never skipped: it is data someone wrote.
+//!
+//! Nothing here trusts a length it has not bounded, so arbitrary bytes produce an error, not a panic.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Corruption, Error, Result};
+use crate::index::{self, Entry, Shard, Sharded, SideEntry};
+use crate::log::frame::{self, FrameDamage, TAG_OPS};
+use crate::log::op::{self, Op, OpError};
+use crate::log::segment::{self, Loc};
+use crate::log::segments::{SegmentFile, Segments};
+use crate::log::writer::create_segment;
+use crate::storage::Storage;
+
+/// What opening found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Segment files replayed.
+    pub segments: usize,
+    /// Frames replayed.
+    pub frames: u64,
+    /// Operations replayed.
+    pub operations: u64,
+    /// Bytes of log scanned.
+    pub bytes: u64,
+    /// A torn tail that was cut off, if any.
+    pub torn_tail: Option<TornTail>,
+}
+
+/// An incomplete tail removed from the last segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// The segment file.
+    pub path: PathBuf,
+    /// Where the file now ends.
+    pub offset: u64,
+    /// Bytes discarded.
+    pub discarded: u64,
+}
+
+/// The log's state after replay.
+pub(crate) struct Recovered {
+    pub(crate) active: SegmentFile,
+    pub(crate) active_len: u32,
+    pub(crate) next_fence: u64,
+    pub(crate) report: RecoveryReport,
+}
+
+/// Where replayed operations go.
+pub(crate) struct Replay<'a> {
+    pub(crate) records: &'a Sharded<Entry>,
+    pub(crate) side: &'a mut Shard<SideEntry>,
+    pub(crate) next_fence: u64,
+}
+
+impl Replay<'_> {
+    fn apply(&mut self, op: &Op<'_>, loc: Loc) {
+        match op {
+            Op::InProgress { head, .. } | Op::Completed { head, .. } => {
+                self.next_fence = self.next_fence.max(head.fence.saturating_add(1));
+            }
+            Op::FenceFloor { next_fence } => self.next_fence = self.next_fence.max(*next_fence),
+            _ => {}
+        }
+        if let Some(id) = index::record_key_of(op) {
+            index::apply_record(&mut self.records.shard(id.as_bytes()).lock(), op, loc);
+        } else {
+            index::apply_side(self.side, op, loc);
+        }
+    }
+}
+
+/// Segment ids present in `dir`, ascending.
+pub(crate) fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<Vec<u32>> {
+    let mut ids: Vec<u32> = storage
+        .list(dir)
+        .map_err(|e| Error::io("list", dir, e))?
+        .iter()
+        .filter_map(|name| segment::parse_file_name(name))
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Replays every segment in `dir` into `replay` and registers the segments in `segments`.
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    dir: &Path,
+    segments: &Segments,
+    replay: &mut Replay<'_>,
+) -> Result<Recovered> {
+    let ids = segment_ids(storage, dir)?;
+    let mut report = RecoveryReport::default();
+    let Some(&last) = ids.last() else {
+        let active = create_segment(storage, segments, dir, 1)?;
+        return Ok(Recovered {
+            active,
+            active_len: segment::HEADER_LEN as u32,
+            next_fence: replay.next_fence,
+            report,
+        });
+    };
+    let mut active_len = 0;
+    for &id in &ids {
+        let path = segments.path(id);
+        let file = storage
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let segment = SegmentFile { id, path, file };
+        let is_last = id == last;
+        let len = replay_segment(&segment, is_last, replay, &mut report)?;
+        if is_last {
+            active_len = len;
+        } else {
+            segment
+                .file
+                .seal()
+                .map_err(|e| Error::io("map", &segment.path, e))?;
+        }
+        segments.insert(segment);
+        report.segments += 1;
+    }
+    Ok(Recovered {
+        active: segments.get(last),
+        active_len,
+        next_fence: replay.next_fence,
+        report,
+    })
+}
+
+/// Replays one segment; returns its valid length (after cutting a torn tail).
+fn replay_segment(
+    segment: &SegmentFile,
+    is_last: bool,
+    replay: &mut Replay<'_>,
+    report: &mut RecoveryReport,
+) -> Result<u32> {
+    let path = &segment.path;
+    let file_len = segment.file.size().map_err(|e| Error::io("stat", path, e))?;
+    let len = usize::try_from(file_len)
+        .ok()
+        .filter(|&l| l <= u32::MAX as usize)
+        .ok_or_else(|| {
+            Error::corrupt(path, 0, Corruption::Malformed("segment larger than 4 GiB"))
+        })?;
+    let data = segment
+        .file
+        .read_at(0, len)
+        .map_err(|e| Error::io("read", path, e))?;
+    report.bytes += file_len;
+
+    if let Err(reason) = segment::check_header(&data, segment.id) {
+        // The header is synced before any frame is written, so in the last segment a bad header with
+        // no intact frame after it is a crash during segment creation: nothing here was acknowledged.
+        if is_last && !later_frame_proves_durable(&data, 0) {
+            return reinitialize(segment, report, file_len);
+        }
+        return Err(Error::corrupt(path, 0, reason));
+    }
+
+    let mut offset = segment::HEADER_LEN;
+    while offset < data.len() {
+        let frame = match frame::decode(&data[offset..]) {
+            Ok(frame) => frame,
+            Err(damage) => {
+                let reason = damage_reason(damage);
+                if !is_last {
+                    return Err(Error::corrupt(path, offset as u64, reason));
+                }
+                if later_frame_proves_durable(&data, offset) {
+                    return Err(Error::corrupt(
+                        path,
+                        offset as u64,
+                        Corruption::DamagedDurableData,
+                    ));
+                }
+                truncate(segment, offset as u64)?;
+                report.torn_tail = Some(TornTail {
+                    path: path.clone(),
+                    offset: offset as u64,
+                    discarded: file_len - offset as u64,
+                });
+                break;
+            }
+        };
+        if frame.tag != TAG_OPS {
+            return Err(Error::corrupt(
+                path,
+                offset as u64,
+                Corruption::UnknownFrameTag(frame.tag),
+            ));
+        }
+        let ops = op::decode_all(frame.payload).map_err(|e| {
+            let reason = match e {
+                OpError::UnknownTag(tag) => Corruption::UnknownOpTag(tag),
+                OpError::Malformed(what) => Corruption::Malformed(what),
+            };
+            Error::corrupt(path, offset as u64, reason)
+        })?;
+        let payload_at = offset + frame::HEADER_LEN;
+        for (op_offset, op_len, op) in &ops {
+            let loc = Loc {
+                segment: segment.id,
+                offset: (payload_at + op_offset) as u32,
+                len: *op_len as u32,
+            };
+            replay.apply(op, loc);
+        }
+        report.frames += 1;
+        report.operations += ops.len() as u64;
+        offset += frame.encoded_len();
+    }
+    Ok(offset.min(data.len()) as u32)
+}
+
+fn reinitialize(segment: &SegmentFile, report: &mut RecoveryReport, file_len: u64) -> Result<u32> {
+    let path = &segment.path;
+    segment
+        .file
+        .set_len(0)
+        .and_then(|()| {
+            segment
+                .file
+                .write_at(0, &segment::encode_header(segment.id))
+        })
+        .and_then(|()| segment.file.sync_data())
+        .map_err(|e| Error::io("reinitialize", path, e))?;
+    report.torn_tail = Some(TornTail {
+        path: path.clone(),
+        offset: 0,
+        discarded: file_len,
+    });
+    Ok(segment::HEADER_LEN as u32)
+}
+
+fn truncate(segment: &SegmentFile, offset: u64) -> Result<()> {
+    segment
+        .file
+        .set_len(offset)
+        .and_then(|()| segment.file.sync_data())
+        .map_err(|e| Error::io("truncate", &segment.path, e))
+}
+
+fn damage_reason(damage: FrameDamage) -> Corruption {
+    match damage {
+        FrameDamage::Truncated => Corruption::TruncatedFrame,
+        FrameDamage::HeaderChecksum => Corruption::HeaderChecksum,
+        FrameDamage::Length(len) => Corruption::FrameLength(len),
+        FrameDamage::PayloadChecksum => Corruption::PayloadChecksum,
+    }
+}
+
+/// Looks past damage at `damaged` for an intact frame whose sync mark says the log was durable beyond
+/// `damaged` when that frame was written. Such a frame proves the damage hit acknowledged data.
+fn later_frame_proves_durable(data: &[u8], damaged: usize) -> bool {
+    let mut at = damaged + 1;
+    while at + frame::HEADER_LEN <= data.len() {
+        match frame::decode(&data[at..]) {
+            Ok(frame) if frame.sync_mark > damaged as u64 => return true,
+            Ok(frame) => at += frame.encoded_len(),
+            Err(_) => at += 1,
+        }
+    }
+    false
+}

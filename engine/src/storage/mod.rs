@@ -1,0 +1,82 @@
+//! The one door through which the engine touches files.
+//!
+//! [`Storage`] and [`StorageFile`] are deliberately small: create, open, list, rename, remove, positional
+//! read and write, fdatasync, directory sync, and an exclusive lock. [`FsStorage`] is the real
+//! implementation; [`FaultyStorage`] is an in-memory file system that keeps durable and unsynced data
+//! apart, so tests can crash at any step, tear the last append, drop unsynced writes and fail fsyncs,
+//! deterministically and without sleeping.
+
+mod faulty;
+mod fs;
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use faulty::{CrashMode, FaultyStorage};
+pub use fs::FsStorage;
+
+/// A file system, as the engine needs it.
+pub trait Storage: Send + Sync + 'static {
+    /// Creates a directory and its parents if missing.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Names of the regular files directly inside `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Opens an existing file for reading and writing.
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Creates a new, empty file; fails if it exists.
+    fn create_new(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>>;
+    /// Removes a file.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Atomically renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `path` (creating it), or `None` if someone else holds it. The lock
+    /// is held until the returned guard is dropped.
+    fn try_lock(&self, path: &Path) -> io::Result<Option<Box<dyn LockGuard>>>;
+}
+
+/// An open file.
+pub trait StorageFile: Send + Sync + 'static {
+    /// Current length in bytes.
+    fn size(&self) -> io::Result<u64>;
+    /// Exactly `len` bytes at `offset`; an error if the file is shorter.
+    fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes>;
+    /// Writes all of `data` at `offset`.
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// fdatasync: makes written data durable.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// A hint that the file will not be written again, so reads may use a memory map.
+    fn seal(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Holds a directory lock until dropped.
+pub trait LockGuard: Send + Sync {}
+
+/// Replaces `dir/name` atomically and durably with `contents`: write a temporary file, sync it, rename
+/// it over the target, sync the directory. Every metadata file goes through here.
+pub fn write_atomic(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    contents: &[u8],
+) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    match storage.remove(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let file = storage.create_new(&tmp)?;
+    file.write_at(0, contents)?;
+    file.sync_data()?;
+    drop(file);
+    storage.rename(&tmp, &dir.join(name))?;
+    storage.sync_dir(dir)
+}

@@ -1,0 +1,530 @@
+//! The public store: claim, complete, release, extend, inspect.
+//!
+//! Every mutation follows the same shape: lock the key's shard, decide against the current entry and
+//! the clock, append one frame, apply it to the index through the same function recovery uses, unlock,
+//! then wait for the frame to be durable (group commit). Every observation of an existing record waits
+//! until that record's frame is durable before it is returned, so no caller ever acts on (or replays)
+//! a record a crash could still take back.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+use crate::clock::duration_ms;
+use crate::error::{Corruption, Error, Result};
+use crate::index::{
+    self, Entry, Shard, Sharded, SideEntry, record_key, side_key, split_record_key,
+};
+use crate::limits;
+use crate::log::flusher::Flusher;
+use crate::log::op::{self, Head, NEVER, Op, Response};
+use crate::log::segment::Loc;
+use crate::log::segments::{SegmentFile, Segments};
+use crate::log::writer::LogWriter;
+use crate::options::Options;
+use crate::record::{Record, RecordState};
+use crate::recovery::{self, RecoveryReport, Replay};
+use crate::response::StoredResponse;
+use crate::side::SideWrite;
+use crate::storage::LockGuard;
+
+/// Name of the lock file inside the data directory.
+pub const LOCK_FILE: &str = "LOCK";
+
+const SHARDS: usize = 64;
+
+/// An open idempotency store. Cheap to clone; clones share one store.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    options: Options,
+    lease_ms: u64,
+    segments: Arc<Segments>,
+    writer: Arc<LogWriter>,
+    records: Sharded<Entry>,
+    side: Mutex<Shard<SideEntry>>,
+    next_fence: AtomicU64,
+    flusher: Mutex<Option<Flusher>>,
+    closed: AtomicBool,
+    report: RecoveryReport,
+    _lock: Box<dyn LockGuard>,
+}
+
+/// Counts for monitoring and operator tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Live (unexpired) idempotency records.
+    pub records: usize,
+    /// Of those, claims still in progress.
+    pub in_progress: usize,
+    /// Live side records.
+    pub side_records: usize,
+    /// Segment files.
+    pub segments: usize,
+    /// Bytes of all segment files.
+    pub disk_bytes: u64,
+    /// Frames appended since open.
+    pub frames_appended: u64,
+    /// Bytes appended since open.
+    pub bytes_appended: u64,
+    /// `pwrite` calls since open.
+    pub writes: u64,
+    /// fdatasync calls since open (frames per sync shows group commit at work).
+    pub syncs: u64,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`: takes the directory lock, replays the log, cuts a
+    /// torn tail, and drops records whose TTL has passed.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        options.validate()?;
+        let dir = dir.as_ref().to_owned();
+        let storage = Arc::clone(&options.storage);
+        storage
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io("create directory", &dir, e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = storage
+            .try_lock(&lock_path)
+            .map_err(|e| Error::io("lock", &lock_path, e))?
+            .ok_or(Error::Locked { path: lock_path })?;
+
+        let segments = Arc::new(Segments::new(&dir));
+        let records = Sharded::new(SHARDS);
+        let mut side = Shard::default();
+        let mut replay = Replay {
+            records: &records,
+            side: &mut side,
+            next_fence: 1,
+        };
+        let recovered = recovery::recover(&*storage, &dir, &segments, &mut replay)?;
+        let writer = Arc::new(LogWriter::new(
+            Arc::clone(&storage),
+            dir.clone(),
+            Arc::clone(&segments),
+            options.durability,
+            options.segment_size,
+            recovered.active,
+            recovered.active_len,
+        ));
+        let flusher = Flusher::start(&writer, options.durability);
+        let store = Store {
+            inner: Arc::new(Inner {
+                dir,
+                lease_ms: duration_ms(options.lease),
+                options,
+                segments,
+                writer,
+                records,
+                side: Mutex::new(side),
+                next_fence: AtomicU64::new(recovered.next_fence),
+                flusher: Mutex::new(flusher),
+                closed: AtomicBool::new(false),
+                report: recovered.report,
+                _lock: lock,
+            }),
+        };
+        store.sweep();
+        Ok(store)
+    }
+
+    /// What opening found: segments and frames replayed, and any torn tail cut off.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.report
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.options.clock.now_ms()
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        self.inner.writer.check_poisoned()
+    }
+
+    /// Atomically claims `(scope, key)` for a request with this fingerprint.
+    ///
+    /// Of any number of concurrent claims of one key, exactly one is [`ClaimOutcome::Acquired`]. A
+    /// record past its TTL is replaced in the same step; an in-progress claim whose lease ran out is
+    /// taken over with a larger fencing token ([`Takeover::LeaseExpired`]). A different fingerprint
+    /// on a live record is [`ClaimOutcome::Mismatch`], whatever its state.
+    pub fn claim(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+    ) -> Result<ClaimOutcome> {
+        self.check_usable()?;
+        limits::check_record_key(scope, key)?;
+        let ttl_ms = duration_ms(ttl);
+        if ttl_ms == 0 {
+            return Err(Error::InvalidArgument("ttl must be at least 1 ms"));
+        }
+        let inner = &*self.inner;
+        let now = self.now();
+        let id = record_key(scope, key);
+        let mut map = inner.records.shard(id.as_bytes()).lock();
+        let takeover = match map.get(id.as_bytes()) {
+            Some(entry) if entry.is_live(now) => {
+                let seen = *entry;
+                if seen.fingerprint != fingerprint.0 {
+                    drop(map);
+                    inner.writer.wait_visible(seen.loc.end())?;
+                    return Ok(ClaimOutcome::Mismatch);
+                }
+                match seen.lease_until {
+                    None => {
+                        let file = inner.segments.get(seen.loc.segment);
+                        drop(map);
+                        return self
+                            .read_response(&file, seen.loc)
+                            .map(ClaimOutcome::Completed);
+                    }
+                    Some(lease) if lease.get() > now => {
+                        drop(map);
+                        inner.writer.wait_visible(seen.loc.end())?;
+                        return Ok(ClaimOutcome::InProgress {
+                            retry_after: Duration::from_millis(lease.get() - now),
+                        });
+                    }
+                    Some(_) => Some(Takeover::LeaseExpired),
+                }
+            }
+            Some(_) => Some(Takeover::Expired),
+            None => None,
+        };
+        let fence = inner.next_fence.fetch_add(1, Ordering::Relaxed);
+        let op = Op::InProgress {
+            head: Head {
+                scope,
+                key,
+                fingerprint: fingerprint.0,
+                fence,
+                created_at: now,
+                expires_at: now.saturating_add(ttl_ms),
+            },
+            lease_until: now.saturating_add(inner.lease_ms),
+        };
+        let mut locs = Vec::with_capacity(1);
+        let appended = inner.writer.append(&[op], &mut locs)?;
+        index::apply_record(&mut map, &op, locs[0]);
+        drop(map);
+        inner.writer.commit(appended)?;
+        Ok(ClaimOutcome::Acquired(ClaimToken {
+            id: id.as_bytes().into(),
+            fence,
+            takeover,
+        }))
+    }
+
+    /// Completes a held claim with its final response and, in the same atomic append, the side
+    /// records of the business write. Fails with [`Error::LeaseLost`], writing nothing, if the claim
+    /// was taken over, released, completed or expired.
+    pub fn complete(
+        &self,
+        token: &ClaimToken,
+        response: &StoredResponse,
+        side: &[SideWrite],
+    ) -> Result<()> {
+        self.check_usable()?;
+        let inner = &*self.inner;
+        limits::check_response(response, inner.options.max_value_bytes)?;
+        for write in side {
+            limits::check_side_write(write, inner.options.max_value_bytes)?;
+        }
+        let now = self.now();
+        let mut map = inner.records.shard(&token.id).lock();
+        let held = held(&map, token, now)?;
+        let mut ops = Vec::with_capacity(1 + side.len());
+        ops.push(Op::Completed {
+            head: head_of(&held, &token.id),
+            response: Response::Value(response),
+        });
+        ops.extend(side.iter().map(|w| side_op(w, now)));
+        let mut side_map = (!side.is_empty()).then(|| inner.side.lock());
+        let mut locs = Vec::with_capacity(ops.len());
+        let appended = inner.writer.append(&ops, &mut locs)?;
+        index::apply_record(&mut map, &ops[0], locs[0]);
+        if let Some(side_map) = side_map.as_mut() {
+            for (op, loc) in ops.iter().zip(&locs).skip(1) {
+                index::apply_side(side_map, op, *loc);
+            }
+        }
+        drop(side_map);
+        drop(map);
+        inner.writer.commit(appended)
+    }
+
+    /// Gives up a held claim (the handler failed with a 5xx): the key is free again at once.
+    pub fn release(&self, token: &ClaimToken) -> Result<()> {
+        self.check_usable()?;
+        let inner = &*self.inner;
+        let now = self.now();
+        let mut map = inner.records.shard(&token.id).lock();
+        held(&map, token, now)?;
+        let (scope, key) = split_record_key(&token.id);
+        let op = Op::Released {
+            scope,
+            key,
+            fence: token.fence,
+        };
+        let mut locs = Vec::with_capacity(1);
+        let appended = inner.writer.append(&[op], &mut locs)?;
+        index::apply_record(&mut map, &op, locs[0]);
+        drop(map);
+        inner.writer.commit(appended)
+    }
+
+    /// Renews a held claim's lease (a heartbeat for long handlers); returns the new lease length.
+    pub fn extend(&self, token: &ClaimToken) -> Result<Duration> {
+        self.check_usable()?;
+        let inner = &*self.inner;
+        let now = self.now();
+        let mut map = inner.records.shard(&token.id).lock();
+        let held = held(&map, token, now)?;
+        let op = Op::InProgress {
+            head: head_of(&held, &token.id),
+            lease_until: now.saturating_add(inner.lease_ms),
+        };
+        let mut locs = Vec::with_capacity(1);
+        let appended = inner.writer.append(&[op], &mut locs)?;
+        index::apply_record(&mut map, &op, locs[0]);
+        drop(map);
+        inner.writer.commit(appended)?;
+        Ok(inner.options.lease)
+    }
+
+    /// The live record for `(scope, key)`, if any.
+    pub fn get(&self, scope: &[u8], key: &[u8]) -> Result<Option<Record>> {
+        self.check_usable()?;
+        limits::check_record_key(scope, key)?;
+        let now = self.now();
+        let id = record_key(scope, key);
+        let map = self.inner.records.shard(id.as_bytes()).lock();
+        let Some(entry) = map.get(id.as_bytes()).filter(|e| e.is_live(now)).copied() else {
+            return Ok(None);
+        };
+        let file = self.inner.segments.get(entry.loc.segment);
+        drop(map);
+        let state = match entry.lease_until {
+            Some(lease) => {
+                self.inner.writer.wait_visible(entry.loc.end())?;
+                RecordState::InProgress {
+                    lease_until_ms: lease.get(),
+                }
+            }
+            None => RecordState::Completed(self.read_response(&file, entry.loc)?),
+        };
+        Ok(Some(Record {
+            fingerprint: Fingerprint(entry.fingerprint),
+            created_at_ms: entry.created_at,
+            expires_at_ms: entry.expires_at,
+            fence: entry.fence,
+            state,
+        }))
+    }
+
+    /// The live side record `(namespace, key)`, if any.
+    pub fn side_get(&self, namespace: &[u8], key: &[u8]) -> Result<Option<Bytes>> {
+        self.check_usable()?;
+        limits::check_side_key(namespace, key)?;
+        let now = self.now();
+        let id = side_key(namespace, key);
+        let map = self.inner.side.lock();
+        let Some(entry) = map.get(id.as_bytes()).filter(|e| e.is_live(now)).copied() else {
+            return Ok(None);
+        };
+        let file = self.inner.segments.get(entry.loc.segment);
+        drop(map);
+        let bytes = self.read_op(&file, entry.loc)?;
+        match op::decode_at(&bytes) {
+            Ok(Op::SidePut { value, .. }) => Ok(Some(bytes.slice_ref(value))),
+            _ => Err(bad_location(&file, entry.loc)),
+        }
+    }
+
+    /// Applies side-record writes as one atomic append.
+    pub fn side_write(&self, writes: &[SideWrite]) -> Result<()> {
+        self.check_usable()?;
+        let inner = &*self.inner;
+        if writes.is_empty() {
+            return Ok(());
+        }
+        for write in writes {
+            limits::check_side_write(write, inner.options.max_value_bytes)?;
+        }
+        let now = self.now();
+        let ops: Vec<Op<'_>> = writes.iter().map(|w| side_op(w, now)).collect();
+        let mut map = inner.side.lock();
+        let mut locs = Vec::with_capacity(ops.len());
+        let appended = inner.writer.append(&ops, &mut locs)?;
+        for (op, loc) in ops.iter().zip(&locs) {
+            index::apply_side(&mut map, op, *loc);
+        }
+        drop(map);
+        inner.writer.commit(appended)
+    }
+
+    /// Makes everything appended so far durable, whatever the durability mode.
+    pub fn sync(&self) -> Result<()> {
+        self.check_usable()?;
+        self.inner.writer.sync_all()
+    }
+
+    /// Removes records and side records whose TTL has passed from memory; returns how many. Their
+    /// bytes on disk are reclaimed by compaction.
+    pub fn sweep(&self) -> usize {
+        let now = self.now();
+        let mut removed = 0;
+        for shard in self.inner.records.shards() {
+            let mut map = shard.lock();
+            let before = map.len();
+            map.retain(|_, e| e.is_live(now));
+            removed += before - map.len();
+        }
+        let mut side = self.inner.side.lock();
+        let before = side.len();
+        side.retain(|_, e| e.is_live(now));
+        removed + before - side.len()
+    }
+
+    /// Current counts.
+    pub fn stats(&self) -> Stats {
+        let now = self.now();
+        let mut stats = Stats::default();
+        for shard in self.inner.records.shards() {
+            for entry in shard.lock().values().filter(|e| e.is_live(now)) {
+                stats.records += 1;
+                stats.in_progress += usize::from(entry.lease_until.is_some());
+            }
+        }
+        stats.side_records = self
+            .inner
+            .side
+            .lock()
+            .values()
+            .filter(|e| e.is_live(now))
+            .count();
+        let segments = self.inner.segments.all();
+        stats.segments = segments.len();
+        stats.disk_bytes = segments.iter().filter_map(|s| s.file.size().ok()).sum();
+        let counters = &self.inner.writer.counters;
+        stats.frames_appended = counters.frames.load(Ordering::Relaxed);
+        stats.bytes_appended = counters.bytes.load(Ordering::Relaxed);
+        stats.writes = counters.writes.load(Ordering::Relaxed);
+        stats.syncs = counters.syncs.load(Ordering::Relaxed);
+        stats
+    }
+
+    /// Flushes and syncs everything, stops the background thread, and makes every handle of this
+    /// store fail with [`Error::Closed`]. The directory lock is released when the last handle drops.
+    pub fn close(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Some(mut flusher) = self.inner.flusher.lock().take() {
+            flusher.stop();
+        }
+        self.inner.writer.check_poisoned()?;
+        self.inner.writer.sync_all()
+    }
+
+    fn read_op(&self, file: &SegmentFile, loc: Loc) -> Result<Bytes> {
+        self.inner.writer.wait_visible(loc.end())?;
+        file.read(loc)
+    }
+
+    fn read_response(&self, file: &SegmentFile, loc: Loc) -> Result<StoredResponse> {
+        let bytes = self.read_op(file, loc)?;
+        match op::decode_at(&bytes) {
+            Ok(Op::Completed {
+                response: Response::Encoded(raw),
+                ..
+            }) => op::response_from(&bytes, raw).map_err(|_| bad_location(file, loc)),
+            _ => Err(bad_location(file, loc)),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(mut flusher) = self.flusher.lock().take() {
+            flusher.stop();
+        }
+        if !self.closed.load(Ordering::Acquire) {
+            // Best effort: a failure has poisoned the writer and there is no caller left to tell.
+            let _ = self.writer.sync_all();
+        }
+    }
+}
+
+/// The held entry for a token, or `LeaseLost`.
+fn held(map: &Shard<Entry>, token: &ClaimToken, now: u64) -> Result<Entry> {
+    match map.get(&token.id) {
+        Some(e) if e.fence == token.fence && e.lease_until.is_some() && e.is_live(now) => Ok(*e),
+        _ => {
+            let (scope, key) = split_record_key(&token.id);
+            Err(Error::LeaseLost {
+                scope: String::from_utf8_lossy(scope).into_owned(),
+                key: String::from_utf8_lossy(key).into_owned(),
+                fence: token.fence,
+            })
+        }
+    }
+}
+
+fn head_of<'a>(entry: &Entry, id: &'a [u8]) -> Head<'a> {
+    let (scope, key) = split_record_key(id);
+    Head {
+        scope,
+        key,
+        fingerprint: entry.fingerprint,
+        fence: entry.fence,
+        created_at: entry.created_at,
+        expires_at: entry.expires_at,
+    }
+}
+
+fn side_op(write: &SideWrite, now: u64) -> Op<'_> {
+    match write {
+        SideWrite::Put {
+            namespace,
+            key,
+            value,
+            ttl,
+        } => Op::SidePut {
+            namespace,
+            key,
+            expires_at: ttl.map_or(NEVER, |t| now.saturating_add(duration_ms(t).max(1))),
+            value,
+        },
+        SideWrite::Remove { namespace, key } => Op::SideRemove { namespace, key },
+    }
+}
+
+/// The index pointed at bytes that are not the operation it expected: a broken invariant or a file
+/// changed under us; reported as corruption at that location rather than a panic.
+fn bad_location(file: &SegmentFile, loc: Loc) -> Error {
+    Error::corrupt(
+        &file.path,
+        u64::from(loc.offset),
+        Corruption::Malformed("index location does not hold the expected operation"),
+    )
+}
