@@ -146,7 +146,10 @@ fn replay_segment(
     report: &mut RecoveryReport,
 ) -> Result<u32> {
     let path = &segment.path;
-    let file_len = segment.file.size().map_err(|e| Error::io("stat", path, e))?;
+    let file_len = segment
+        .file
+        .size()
+        .map_err(|e| Error::io("stat", path, e))?;
     let len = usize::try_from(file_len)
         .ok()
         .filter(|&l| l <= u32::MAX as usize)

@@ -145,6 +145,11 @@ impl FaultyStorage {
         s.crash_after = Some(s.mutations + n);
     }
 
+    /// Successful and failed fdatasync calls so far.
+    pub fn syncs(&self) -> u64 {
+        self.state.lock().syncs
+    }
+
     /// Mutating calls so far; used to enumerate crash points.
     pub fn mutations(&self) -> u64 {
         self.state.lock().mutations

@@ -1,0 +1,186 @@
+//! Failed writes and fsyncs poison the store; each durability mode keeps what it promises.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Fixture, TTL, acquire, created, fp};
+use idemlog::storage::CrashMode;
+use idemlog::{ClaimOutcome, Durability, Error, Store};
+
+#[test]
+fn failed_fdatasync_poisons_the_store_until_reopen() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_sync_after(1);
+    let err = store.claim(b"acct", b"k", &fp(1), TTL).unwrap_err();
+    assert!(err.is_poisoned(), "{err}");
+    assert!(err.to_string().contains("fdatasync"), "{err}");
+    assert!(
+        store
+            .claim(b"acct", b"other", &fp(1), TTL)
+            .unwrap_err()
+            .is_poisoned()
+    );
+    assert!(store.get(b"acct", b"k").unwrap_err().is_poisoned());
+    assert!(store.sync().unwrap_err().is_poisoned());
+}
+
+#[test]
+fn failed_fdatasync_is_never_retried() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_sync_after(1);
+    assert!(store.claim(b"acct", b"k", &fp(1), TTL).is_err());
+    let syncs = f.fs.syncs();
+    let _ = store.claim(b"acct", b"k2", &fp(1), TTL);
+    let _ = store.sync();
+    drop(store);
+    assert_eq!(
+        f.fs.syncs(),
+        syncs,
+        "no fdatasync after the failure, not even on drop"
+    );
+}
+
+#[test]
+fn unacknowledged_claim_after_failed_sync_is_gone_after_power_loss() {
+    let f = Fixture::new();
+    let store = f.open();
+    let kept = acquire(&store, "acct", "kept", fp(1));
+    store.complete(&kept, &created("kept"), &[]).unwrap();
+    f.fs.fail_sync_after(1);
+    assert!(store.claim(b"acct", b"lost", &fp(1), TTL).is_err());
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+    let store = f.open();
+    assert!(store.get(b"acct", b"kept").unwrap().is_some());
+    assert_eq!(store.get(b"acct", b"lost").unwrap(), None);
+}
+
+#[test]
+fn full_disk_on_write_is_a_typed_error_naming_the_segment() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_write_after(1);
+    let err = store.claim(b"acct", b"k", &fp(1), TTL).unwrap_err();
+    let Error::Poisoned(cause) = &err else {
+        panic!("expected poisoned, got {err}");
+    };
+    let Error::Io { op, path, source } = &**cause else {
+        panic!("expected io cause, got {cause}");
+    };
+    assert_eq!(*op, "write");
+    assert_eq!(path, &f.segment_path(1));
+    assert_eq!(source.kind(), std::io::ErrorKind::StorageFull);
+}
+
+#[test]
+fn reopen_after_poisoning_works() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_sync_after(1);
+    assert!(store.claim(b"acct", b"k", &fp(1), TTL).is_err());
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+    let store = f.open();
+    acquire(&store, "acct", "k", fp(1));
+}
+
+#[test]
+fn periodic_mode_keeps_acknowledged_work_through_a_process_crash() {
+    let f = Fixture::new();
+    let options = f
+        .options()
+        .durability(Durability::Periodic(Duration::from_secs(3600)));
+    let store = Store::open(&f.dir, options.clone()).unwrap();
+    let token = acquire(&store, "acct", "k", fp(1));
+    store.complete(&token, &created("x"), &[]).unwrap();
+    f.fs.crash(CrashMode::ProcessOnly);
+    drop(store);
+    let store = Store::open(&f.dir, options).unwrap();
+    assert!(matches!(
+        store.claim(b"acct", b"k", &fp(1), TTL).unwrap(),
+        ClaimOutcome::Completed(_)
+    ));
+}
+
+#[test]
+fn periodic_mode_syncs_in_the_background() {
+    let f = Fixture::new();
+    let options = f
+        .options()
+        .durability(Durability::Periodic(Duration::from_millis(5)));
+    let store = Store::open(&f.dir, options.clone()).unwrap();
+    acquire(&store, "acct", "k", fp(1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.stats().syncs == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "background sync never ran"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+    let store = Store::open(&f.dir, options).unwrap();
+    assert!(store.get(b"acct", b"k").unwrap().is_some());
+}
+
+#[test]
+fn none_mode_keeps_what_was_synced_explicitly() {
+    let f = Fixture::new();
+    let options = f.options().durability(Durability::None);
+    let store = Store::open(&f.dir, options.clone()).unwrap();
+    acquire(&store, "acct", "synced", fp(1));
+    store.sync().unwrap();
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+    let store = Store::open(&f.dir, options).unwrap();
+    assert!(store.get(b"acct", b"synced").unwrap().is_some());
+}
+
+#[test]
+fn none_mode_replays_a_completion_written_only_to_the_buffer() {
+    let f = Fixture::new();
+    let store = Store::open(&f.dir, f.options().durability(Durability::None)).unwrap();
+    let token = acquire(&store, "acct", "k", fp(1));
+    store.complete(&token, &created("buffered"), &[]).unwrap();
+    assert_eq!(
+        store.claim(b"acct", b"k", &fp(1), TTL).unwrap(),
+        ClaimOutcome::Completed(created("buffered"))
+    );
+}
+
+#[test]
+fn torn_power_loss_in_none_mode_still_opens() {
+    for seed in 0..20 {
+        let f = Fixture::new();
+        let options = f.options().durability(Durability::None);
+        let store = Store::open(&f.dir, options.clone()).unwrap();
+        for i in 0..50 {
+            let token = acquire(&store, "acct", &format!("k{i}"), fp(1));
+            store.complete(&token, &created("x"), &[]).unwrap();
+            if i % 7 == 0 {
+                let _ = store.clone().sync();
+            }
+        }
+        let _ = store.clone().sync();
+        for i in 50..80 {
+            acquire(&store, "acct", &format!("k{i}"), fp(1));
+        }
+        // Push the buffered frames to the file without syncing them.
+        let _ = store.get(b"acct", b"k79");
+        f.fs.crash(CrashMode::TornTail { seed });
+        drop(store);
+        let store = Store::open(&f.dir, options).expect("a torn tail always opens");
+        for i in 0..50 {
+            assert!(
+                store
+                    .get(b"acct", format!("k{i}").as_bytes())
+                    .unwrap()
+                    .is_some()
+            );
+        }
+    }
+}
