@@ -50,6 +50,8 @@ mod error;
 mod index;
 mod limits;
 mod log;
+#[doc(hidden)]
+pub mod model;
 mod options;
 mod record;
 mod recovery;

@@ -6,6 +6,8 @@
 //!   segments were fully synced before a newer one was created.
 //! - Damage in the last segment is a torn tail, cut off, unless a later intact frame carries a sync
 //!   mark beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
+//! - The last segment is fdatasync'ed before the store serves anything: a crashed process may have
+//!   left frames in the page cache that were never synced, and they are about to become visible.
 //! - A frame whose checksums hold but whose tag or operations this build does not understand is an
 //!   error, never skipped: it is data someone wrote.
 //!
@@ -120,6 +122,12 @@ pub(crate) fn recover(
         let is_last = id == last;
         let len = replay_segment(&segment, is_last, replay, &mut report)?;
         if is_last {
+            // What we just replayed may still be only in the page cache, left by a process that
+            // crashed before its fdatasync. Records served from now on must be durable, so sync it.
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| Error::io("fdatasync", &segment.path, e))?;
             active_len = len;
         } else {
             segment

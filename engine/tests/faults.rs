@@ -184,3 +184,19 @@ fn torn_power_loss_in_none_mode_still_opens() {
         }
     }
 }
+
+#[test]
+fn frames_left_unsynced_by_a_dead_process_are_synced_at_open() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_sync_after(1);
+    assert!(store.claim(b"acct", b"k", &fp(1), TTL).is_err());
+    drop(store);
+    // The failed claim's frame is in the "page cache": the next open sees it and may serve it, so it
+    // must make it durable first.
+    let store = f.open();
+    assert!(store.get(b"acct", b"k").unwrap().is_some());
+    drop(store);
+    f.fs.crash(CrashMode::DropUnsynced);
+    assert!(f.open().get(b"acct", b"k").unwrap().is_some());
+}

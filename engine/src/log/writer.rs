@@ -55,7 +55,10 @@ struct State {
     written: u32,
     /// Bytes of the active segment covered by fdatasync.
     synced: u32,
-    /// Whole frames appended after `written`.
+    /// Offset in the active segment of `buf[0]`. Between `written` and here are the bytes a leader is
+    /// writing right now: `synced <= written <= buf_start`.
+    buf_start: u32,
+    /// Whole frames appended after `buf_start`.
     buf: Vec<u8>,
     /// An empty buffer kept to swap in during a flush, so its capacity is reused.
     spare: Vec<u8>,
@@ -101,6 +104,7 @@ impl LogWriter {
                 active,
                 written: len,
                 synced: len,
+                buf_start: len,
                 buf: Vec::with_capacity(64 << 10),
                 spare: Vec::with_capacity(64 << 10),
                 flushing: false,
@@ -154,12 +158,12 @@ impl LogWriter {
         let frame_len = frame::HEADER_LEN + payload;
         let mut st = self.state.lock();
         self.check(&st)?;
-        let tail = st.written as usize + st.buf.len();
+        let tail = st.buf_start as usize + st.buf.len();
         if tail + frame_len > self.segment_size as usize && tail > segment::HEADER_LEN {
             self.rotate(&mut st)?;
         }
         let st = &mut *st;
-        let base = st.written as usize + st.buf.len();
+        let base = st.buf_start as usize + st.buf.len();
         let segment = st.active.id;
         let start = st.buf.len();
         frame::encode(&mut st.buf, TAG_OPS, u64::from(st.synced), |buf| {
@@ -216,7 +220,7 @@ impl LogWriter {
 
     fn appended_end(&self) -> Pos {
         let st = self.state.lock();
-        Pos::new(st.active.id, st.written + st.buf.len() as u32)
+        Pos::new(st.active.id, st.buf_start + st.buf.len() as u32)
     }
 
     fn flush(&self, end: Pos, sync: bool) -> Result<()> {
@@ -246,8 +250,10 @@ impl LogWriter {
         let spare = std::mem::take(&mut st.spare);
         let mut data = std::mem::replace(&mut st.buf, spare);
         let active = st.active.clone();
-        let offset = st.written;
+        debug_assert_eq!(st.written, st.buf_start, "one leader at a time");
+        let offset = st.buf_start;
         let new_written = offset + data.len() as u32;
+        st.buf_start = new_written;
         let do_sync = (sync || self.durability == Durability::Sync) && st.synced < new_written;
         st.flushing = true;
         let result = MutexGuard::unlocked(st, || -> Result<()> {
@@ -297,7 +303,7 @@ impl LogWriter {
         let sealed = (|| -> Result<()> {
             if !data.is_empty() {
                 old.file
-                    .write_at(u64::from(st.written), &data)
+                    .write_at(u64::from(st.buf_start), &data)
                     .map_err(|e| Error::io("write", &old.path, e))?;
             }
             old.file
@@ -319,6 +325,7 @@ impl LogWriter {
         st.active = next;
         st.written = len;
         st.synced = len;
+        st.buf_start = len;
         let pos = Pos::new(st.active.id, len).0;
         self.written.store(pos, Ordering::Release);
         self.synced.store(pos, Ordering::Release);

@@ -1,0 +1,659 @@
+//! A reference model of the store and a simulation that checks the real store against it.
+//!
+//! Not part of the stable API: it exists so that the engine's proptest and the fuzz target drive the
+//! same model. A [`Simulation`] runs [`Step`]s — claims, completions, releases, extensions, clock
+//! moves, clean reopens, crashes (process, power loss, torn tail) and injected I/O failures — against
+//! a [`Store`] on [`FaultyStorage`] and against a plain in-memory model, and reports the first
+//! observation where they differ. After every crash it checks that every acknowledged operation is
+//! still there. Durability is `Sync`, so every acknowledged operation must survive every crash mode.
+//!
+//! An operation that fails because the I/O layer failed is *in doubt*: its frame may or may not have
+//! reached the disk. The simulation accepts either outcome after the next open, but only those two,
+//! and checks that a completion's side records share its fate.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+use crate::clock::ManualClock;
+use crate::options::{Durability, Options};
+use crate::record::RecordState;
+use crate::response::StoredResponse;
+use crate::side::SideWrite;
+use crate::storage::{CrashMode, FaultyStorage};
+use crate::store::Store;
+
+const SCOPES: [&str; 2] = ["acct_a", "acct_b"];
+const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
+const TTLS_S: [u64; 3] = [5, 60, 3600];
+/// The lease the simulated store runs with.
+pub const LEASE: Duration = Duration::from_secs(10);
+const SIDE_NS: &str = "payments";
+
+/// One step of a simulation. Small integers index into fixed universes, so any value is valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Claim (scope, key) with fingerprint `fp` and the `ttl`-th TTL.
+    Claim {
+        /// Scope index.
+        scope: u8,
+        /// Key index.
+        key: u8,
+        /// Fingerprint byte.
+        fp: u8,
+        /// TTL index.
+        ttl: u8,
+    },
+    /// Complete the `token`-th token ever handed out, with a response and maybe a side record.
+    Complete {
+        /// Token index.
+        token: u8,
+        /// Response status.
+        status: u16,
+        /// Body length.
+        body_len: u8,
+        /// Also write a side record in the same append.
+        side: bool,
+    },
+    /// Release a token.
+    Release {
+        /// Token index.
+        token: u8,
+    },
+    /// Extend a token's lease.
+    Extend {
+        /// Token index.
+        token: u8,
+    },
+    /// Read a record back.
+    Get {
+        /// Scope index.
+        scope: u8,
+        /// Key index.
+        key: u8,
+    },
+    /// Move the clock forward.
+    Advance {
+        /// Milliseconds.
+        ms: u32,
+    },
+    /// Close cleanly and open again; tokens stay valid.
+    Reopen,
+    /// Crash and open again; tokens die with the process.
+    Crash {
+        /// 0: process only, 1: power loss, else: torn tail with this seed.
+        mode: u64,
+    },
+    /// The next fdatasync fails.
+    FailSync,
+    /// The next write fails.
+    FailWrite,
+}
+
+impl Step {
+    /// Decodes a sequence of steps from arbitrary bytes (for fuzzing): every input is some sequence.
+    pub fn decode_all(bytes: &[u8]) -> Vec<Step> {
+        let mut steps = Vec::new();
+        let mut it = bytes.iter().copied();
+        while let Some(tag) = it.next() {
+            let mut next = || it.next().unwrap_or(0);
+            let step = match tag % 16 {
+                0..=4 => Step::Claim {
+                    scope: next(),
+                    key: next(),
+                    fp: next() % 3,
+                    ttl: next(),
+                },
+                5..=7 => Step::Complete {
+                    token: next(),
+                    status: [200, 201, 400, 422][usize::from(next() % 4)],
+                    body_len: next(),
+                    side: next() % 2 == 0,
+                },
+                8 => Step::Release { token: next() },
+                9 => Step::Extend { token: next() },
+                10 => Step::Get {
+                    scope: next(),
+                    key: next(),
+                },
+                11 | 12 => Step::Advance {
+                    ms: u32::from(next()) * 250,
+                },
+                13 => Step::Reopen,
+                14 => Step::Crash {
+                    mode: u64::from(next()),
+                },
+                _ => {
+                    if next() % 2 == 0 {
+                        Step::FailSync
+                    } else {
+                        Step::FailWrite
+                    }
+                }
+            };
+            steps.push(step);
+        }
+        steps
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MState {
+    InProgress {
+        lease_until: u64,
+        /// Index of the token that holds it; `None` when its holder died in a crash.
+        holder: Option<usize>,
+    },
+    Completed(StoredResponse),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MRecord {
+    fp: u8,
+    created: u64,
+    expires: u64,
+    state: MState,
+}
+
+/// The reference: plain maps, no I/O.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Model {
+    records: BTreeMap<(usize, usize), MRecord>,
+    side: BTreeMap<String, Bytes>,
+}
+
+impl Model {
+    fn live(&self, id: (usize, usize), now: u64) -> Option<&MRecord> {
+        self.records.get(&id).filter(|r| r.expires > now)
+    }
+
+    /// The record a token holds, if it still holds one.
+    fn held(&self, id: (usize, usize), token: usize, now: u64) -> bool {
+        matches!(
+            self.live(id, now),
+            Some(MRecord { state: MState::InProgress { holder: Some(h), .. }, .. }) if *h == token
+        )
+    }
+
+    fn forget_holders(&mut self) {
+        for r in self.records.values_mut() {
+            if let MState::InProgress { holder, .. } = &mut r.state {
+                *holder = None;
+            }
+        }
+    }
+}
+
+/// An operation whose outcome is unknown because the I/O under it failed.
+#[derive(Debug, Clone)]
+struct InDoubt {
+    /// The model if the operation reached the disk.
+    applied: Model,
+    key: (usize, usize),
+}
+
+/// Runs steps against a real store and the model side by side.
+pub struct Simulation {
+    fs: FaultyStorage,
+    clock: ManualClock,
+    dir: PathBuf,
+    store: Option<Store>,
+    model: Model,
+    tokens: Vec<((usize, usize), ClaimToken)>,
+    last_fence: u64,
+    poisoned: bool,
+    in_doubt: Option<InDoubt>,
+    segment_size: u32,
+}
+
+impl Default for Simulation {
+    fn default() -> Self {
+        Self::new(4096)
+    }
+}
+
+impl Simulation {
+    /// A simulation whose store rotates segments at `segment_size` bytes.
+    pub fn new(segment_size: u32) -> Self {
+        let mut sim = Simulation {
+            fs: FaultyStorage::new(),
+            clock: ManualClock::new(1_000_000),
+            dir: PathBuf::from("/sim"),
+            store: None,
+            model: Model::default(),
+            tokens: Vec::new(),
+            last_fence: 0,
+            poisoned: false,
+            in_doubt: None,
+            segment_size,
+        };
+        sim.store = Some(sim.open_store().expect("a fresh store opens"));
+        sim
+    }
+
+    fn options(&self) -> Options {
+        Options::default()
+            .storage(Arc::new(self.fs.clone()))
+            .clock(Arc::new(self.clock.clone()))
+            .durability(Durability::Sync)
+            .lease(LEASE)
+            .segment_size(self.segment_size)
+    }
+
+    fn open_store(&self) -> crate::Result<Store> {
+        Store::open(&self.dir, self.options())
+    }
+
+    fn store(&self) -> &Store {
+        self.store
+            .as_ref()
+            .expect("the simulation always holds an open store")
+    }
+
+    fn now(&self) -> u64 {
+        use crate::clock::Clock;
+        self.clock.now_ms()
+    }
+
+    /// Runs one step; `Err` describes the first divergence from the model.
+    pub fn run(&mut self, step: &Step) -> Result<(), String> {
+        match *step {
+            Step::Claim {
+                scope,
+                key,
+                fp,
+                ttl,
+            } => self.claim(
+                usize::from(scope) % SCOPES.len(),
+                usize::from(key) % KEYS.len(),
+                fp,
+                TTLS_S[usize::from(ttl) % TTLS_S.len()],
+            ),
+            Step::Complete {
+                token,
+                status,
+                body_len,
+                side,
+            } => self.with_token(token, |sim, index| {
+                sim.complete(index, status, body_len, side)
+            }),
+            Step::Release { token } => self.with_token(token, Self::release),
+            Step::Extend { token } => self.with_token(token, Self::extend),
+            Step::Get { scope, key } => self.check_key((
+                usize::from(scope) % SCOPES.len(),
+                usize::from(key) % KEYS.len(),
+            )),
+            Step::Advance { ms } => {
+                self.clock.advance(Duration::from_millis(u64::from(ms)));
+                Ok(())
+            }
+            Step::Reopen => self.reopen(None),
+            Step::Crash { mode } => self.reopen(Some(match mode {
+                0 => CrashMode::ProcessOnly,
+                1 => CrashMode::DropUnsynced,
+                seed => CrashMode::TornTail { seed },
+            })),
+            Step::FailSync => {
+                self.fs.fail_sync_after(1);
+                Ok(())
+            }
+            Step::FailWrite => {
+                self.fs.fail_write_after(1);
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks every key and side record against the model.
+    pub fn check_all(&mut self) -> Result<(), String> {
+        if self.poisoned {
+            return Ok(());
+        }
+        for scope in 0..SCOPES.len() {
+            for key in 0..KEYS.len() {
+                self.check_key((scope, key))?;
+            }
+        }
+        for key in 0..KEYS.len() {
+            let name = side_key(key);
+            let found = self
+                .store()
+                .side_get(SIDE_NS.as_bytes(), name.as_bytes())
+                .map_err(|e| format!("side_get {name}: {e}"))?;
+            if found.as_ref() != self.model.side.get(&name) {
+                return Err(format!(
+                    "side {name}: store {found:?}, model {:?}",
+                    self.model.side.get(&name)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn with_token(
+        &mut self,
+        token: u8,
+        f: impl FnOnce(&mut Self, usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if self.tokens.is_empty() {
+            return Ok(());
+        }
+        let index = usize::from(token) % self.tokens.len();
+        f(self, index)
+    }
+
+    /// Handles a store error: only I/O-induced poisoning is acceptable, and it puts `applied` in doubt.
+    fn failed(
+        &mut self,
+        what: &str,
+        err: crate::Error,
+        doubt: Option<InDoubt>,
+    ) -> Result<(), String> {
+        if !err.is_poisoned() {
+            return Err(format!("{what}: unexpected error {err}"));
+        }
+        if !self.poisoned {
+            self.poisoned = true;
+            self.in_doubt = doubt;
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, scope: usize, key: usize, fp: u8, ttl_s: u64) -> Result<(), String> {
+        let id = (scope, key);
+        let now = self.now();
+        let result = self.store().claim(
+            SCOPES[scope].as_bytes(),
+            KEYS[key].as_bytes(),
+            &Fingerprint([fp; 32]),
+            Duration::from_secs(ttl_s),
+        );
+        let acquire = |takeover: Option<Takeover>| (takeover, ttl_s);
+        let expected = match self.model.live(id, now) {
+            Some(r) if r.fp != fp => Expect::Mismatch,
+            Some(MRecord {
+                state: MState::Completed(resp),
+                ..
+            }) => Expect::Completed(resp.clone()),
+            Some(MRecord {
+                state: MState::InProgress { lease_until, .. },
+                ..
+            }) if *lease_until > now => Expect::InProgress(*lease_until - now),
+            Some(_) => Expect::Acquire(acquire(Some(Takeover::LeaseExpired))),
+            None if self.model.records.contains_key(&id) => {
+                Expect::Acquire(acquire(Some(Takeover::Expired)))
+            }
+            None => Expect::Acquire(acquire(None)),
+        };
+        let mut applied = self.model.clone();
+        let token_index = self.tokens.len();
+        applied.records.insert(
+            id,
+            MRecord {
+                fp,
+                created: now,
+                expires: now + ttl_s * 1000,
+                state: MState::InProgress {
+                    lease_until: now + LEASE.as_millis() as u64,
+                    holder: Some(token_index),
+                },
+            },
+        );
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                if self.poisoned {
+                    return self.failed("claim", e, None);
+                }
+                let doubt = matches!(expected, Expect::Acquire(_)).then(|| {
+                    // The token was never handed out, so if the claim landed nobody holds it.
+                    let mut applied = applied.clone();
+                    if let Some(MRecord {
+                        state: MState::InProgress { holder, .. },
+                        ..
+                    }) = applied.records.get_mut(&id)
+                    {
+                        *holder = None;
+                    }
+                    InDoubt { applied, key: id }
+                });
+                return self.failed("claim", e, doubt);
+            }
+        };
+        if self.poisoned {
+            return Err(format!("claim succeeded on a poisoned store: {outcome:?}"));
+        }
+        match (expected, outcome) {
+            (Expect::Mismatch, ClaimOutcome::Mismatch) => Ok(()),
+            (Expect::Completed(want), ClaimOutcome::Completed(got)) if want == got => Ok(()),
+            (Expect::InProgress(left), ClaimOutcome::InProgress { retry_after })
+                if retry_after == Duration::from_millis(left) =>
+            {
+                Ok(())
+            }
+            (Expect::Acquire((takeover, _)), ClaimOutcome::Acquired(token)) => {
+                let takeover_ok = token.takeover() == takeover
+                    // A sweep may already have dropped an expired record.
+                    || (takeover == Some(Takeover::Expired) && token.takeover().is_none());
+                if !takeover_ok {
+                    return Err(format!(
+                        "claim {id:?}: takeover {:?}, model {takeover:?}",
+                        token.takeover()
+                    ));
+                }
+                if token.fence() <= self.last_fence {
+                    return Err(format!(
+                        "fence {} not above previous {}",
+                        token.fence(),
+                        self.last_fence
+                    ));
+                }
+                self.last_fence = token.fence();
+                self.tokens.push((id, token));
+                self.model = applied;
+                Ok(())
+            }
+            (expected, got) => Err(format!("claim {id:?}: store {got:?}, model {expected:?}")),
+        }
+    }
+
+    fn complete(
+        &mut self,
+        index: usize,
+        status: u16,
+        body_len: u8,
+        side: bool,
+    ) -> Result<(), String> {
+        let (id, token) = self.tokens[index].clone();
+        let now = self.now();
+        let response = StoredResponse::new(status, vec![b'x'; usize::from(body_len)])
+            .with_header("Content-Type", "application/json")
+            .with_header("Location", format!("/payments/{index}"));
+        let side_key = side_key(id.1);
+        let side_value = Bytes::from(format!("payment {index}"));
+        let writes: Vec<SideWrite> = if side {
+            vec![SideWrite::put(
+                SIDE_NS,
+                side_key.clone(),
+                side_value.clone(),
+            )]
+        } else {
+            Vec::new()
+        };
+        let held = self.model.held(id, index, now);
+        let mut applied = self.model.clone();
+        if let Some(r) = applied.records.get_mut(&id) {
+            r.state = MState::Completed(response.clone());
+        }
+        if side {
+            applied.side.insert(side_key, side_value);
+        }
+        match self.store().complete(&token, &response, &writes) {
+            Ok(()) if self.poisoned => Err("complete succeeded on a poisoned store".into()),
+            Ok(()) if held => {
+                self.model = applied;
+                Ok(())
+            }
+            Ok(()) => Err(format!(
+                "complete of token {index} for {id:?} succeeded; model says lost"
+            )),
+            Err(crate::Error::LeaseLost { .. }) if !held && !self.poisoned => Ok(()),
+            Err(e) => {
+                let doubt = held.then_some(InDoubt { applied, key: id });
+                self.failed("complete", e, doubt)
+            }
+        }
+    }
+
+    fn release(&mut self, index: usize) -> Result<(), String> {
+        let (id, token) = self.tokens[index].clone();
+        let held = self.model.held(id, index, self.now());
+        let mut applied = self.model.clone();
+        applied.records.remove(&id);
+        match self.store().release(&token) {
+            Ok(()) if self.poisoned => Err("release succeeded on a poisoned store".into()),
+            Ok(()) if held => {
+                self.model = applied;
+                Ok(())
+            }
+            Ok(()) => Err(format!(
+                "release of token {index} succeeded; model says lost"
+            )),
+            Err(crate::Error::LeaseLost { .. }) if !held && !self.poisoned => Ok(()),
+            Err(e) => {
+                let doubt = held.then_some(InDoubt { applied, key: id });
+                self.failed("release", e, doubt)
+            }
+        }
+    }
+
+    fn extend(&mut self, index: usize) -> Result<(), String> {
+        let (id, token) = self.tokens[index].clone();
+        let now = self.now();
+        let held = self.model.held(id, index, now);
+        let mut applied = self.model.clone();
+        if let Some(MRecord {
+            state: MState::InProgress { lease_until, .. },
+            ..
+        }) = applied.records.get_mut(&id)
+        {
+            *lease_until = now + LEASE.as_millis() as u64;
+        }
+        match self.store().extend(&token) {
+            Ok(_) if self.poisoned => Err("extend succeeded on a poisoned store".into()),
+            Ok(_) if held => {
+                self.model = applied;
+                Ok(())
+            }
+            Ok(_) => Err(format!(
+                "extend of token {index} succeeded; model says lost"
+            )),
+            Err(crate::Error::LeaseLost { .. }) if !held && !self.poisoned => Ok(()),
+            Err(e) => {
+                let doubt = held.then_some(InDoubt { applied, key: id });
+                self.failed("extend", e, doubt)
+            }
+        }
+    }
+
+    /// Compares what `get` shows for one key with the model.
+    fn check_key(&mut self, id: (usize, usize)) -> Result<(), String> {
+        let now = self.now();
+        let got = self
+            .store()
+            .get(SCOPES[id.0].as_bytes(), KEYS[id.1].as_bytes());
+        let got = match got {
+            Err(e) if e.is_poisoned() && self.poisoned => return Ok(()),
+            Err(e) => return Err(format!("get {id:?}: {e}")),
+            Ok(got) => got,
+        };
+        if self.poisoned {
+            return Err("get succeeded on a poisoned store".into());
+        }
+        let want = self.model.live(id, now);
+        match (got, want) {
+            (None, None) => Ok(()),
+            (Some(g), Some(w)) => {
+                let state_ok = match (&g.state, &w.state) {
+                    (
+                        RecordState::InProgress { lease_until_ms },
+                        MState::InProgress { lease_until, .. },
+                    ) => lease_until_ms == lease_until,
+                    (RecordState::Completed(a), MState::Completed(b)) => a == b,
+                    _ => false,
+                };
+                if state_ok
+                    && g.fingerprint == Fingerprint([w.fp; 32])
+                    && g.created_at_ms == w.created
+                    && g.expires_at_ms == w.expires
+                {
+                    Ok(())
+                } else {
+                    Err(format!("get {id:?}: store {g:?}, model {w:?}"))
+                }
+            }
+            (g, w) => Err(format!("get {id:?}: store {g:?}, model {w:?}")),
+        }
+    }
+
+    fn reopen(&mut self, crash: Option<CrashMode>) -> Result<(), String> {
+        let store = self.store.take().expect("open store");
+        match crash {
+            None if !self.poisoned => {
+                store.close().map_err(|e| format!("close: {e}"))?;
+            }
+            None => {
+                let _ = store.close();
+            }
+            Some(mode) => self.fs.crash(mode),
+        }
+        drop(store);
+        if crash.is_some() {
+            self.tokens.clear();
+            self.model.forget_holders();
+        }
+        let store = match self.open_store() {
+            Ok(store) => store,
+            // An injected fault may hit the truncation or segment creation during open; a crash clears
+            // it, as a restart would.
+            Err(e) if e.is_poisoned() || matches!(e, crate::Error::Io { .. }) => {
+                self.fs.crash(CrashMode::DropUnsynced);
+                self.tokens.clear();
+                self.model.forget_holders();
+                self.open_store()
+                    .map_err(|e| format!("open after crash: {e}"))?
+            }
+            Err(e) => return Err(format!("open: {e}")),
+        };
+        self.store = Some(store);
+        self.poisoned = false;
+        if let Some(doubt) = self.in_doubt.take() {
+            // Keep whichever of the two possible worlds the store shows; both are legitimate.
+            let without = std::mem::replace(&mut self.model, doubt.applied.clone());
+            if self.check_key(doubt.key).is_err() || self.check_all().is_err() {
+                self.model = without;
+            }
+            if crash.is_some() {
+                self.tokens.clear();
+                self.model.forget_holders();
+            }
+        }
+        self.check_all()
+    }
+}
+
+#[derive(Debug)]
+enum Expect {
+    Mismatch,
+    Completed(StoredResponse),
+    InProgress(u64),
+    Acquire((Option<Takeover>, u64)),
+}
+
+fn side_key(key: usize) -> String {
+    format!("pay-{}", KEYS[key])
+}

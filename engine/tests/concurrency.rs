@@ -1,0 +1,125 @@
+//! Many threads on one store: exactly one acquire per key per lifetime, and group commit.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+
+use common::{Fixture, TTL, TempDir, created, fp};
+use idemlog::storage::FsStorage;
+use idemlog::{ClaimOutcome, Durability, Options, Store};
+
+const THREADS: usize = 8;
+const KEYS: usize = 200;
+
+fn key(i: usize) -> Vec<u8> {
+    format!("key-{i}").into_bytes()
+}
+
+#[test]
+fn concurrent_claims_of_the_same_keys_acquire_each_exactly_once() {
+    let dir = TempDir::new("once");
+    let store = Store::open(&dir.0, Options::default().storage(Arc::new(FsStorage))).unwrap();
+    let acquired: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..KEYS).map(|_| AtomicUsize::new(0)).collect());
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let store = store.clone();
+            let acquired = Arc::clone(&acquired);
+            thread::spawn(move || {
+                for n in 0..KEYS {
+                    // Each thread walks the keys in a different order so that races happen everywhere.
+                    let i = (n * 7 + t * 31) % KEYS;
+                    match store.claim(b"acct", &key(i), &fp(1), TTL).unwrap() {
+                        ClaimOutcome::Acquired(token) => {
+                            acquired[i].fetch_add(1, Ordering::SeqCst);
+                            store.complete(&token, &created("done"), &[]).unwrap();
+                        }
+                        ClaimOutcome::InProgress { .. } | ClaimOutcome::Completed(_) => {}
+                        ClaimOutcome::Mismatch => panic!("same fingerprint cannot mismatch"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    for (i, count) in acquired.iter().enumerate() {
+        assert_eq!(count.load(Ordering::SeqCst), 1, "key {i}");
+    }
+}
+
+#[test]
+fn released_keys_have_at_most_one_holder_at_any_time() {
+    let f = Fixture::new();
+    let store = f.open();
+    let held: Arc<Vec<AtomicBool>> = Arc::new((0..8).map(|_| AtomicBool::new(false)).collect());
+    let lifetimes = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let store = store.clone();
+            let held = Arc::clone(&held);
+            let lifetimes = Arc::clone(&lifetimes);
+            thread::spawn(move || {
+                for n in 0..400 {
+                    let i = (n + t) % held.len();
+                    if let ClaimOutcome::Acquired(token) =
+                        store.claim(b"acct", &key(i), &fp(1), TTL).unwrap()
+                    {
+                        assert!(
+                            !held[i].swap(true, Ordering::SeqCst),
+                            "two holders of key {i}"
+                        );
+                        lifetimes.fetch_add(1, Ordering::SeqCst);
+                        held[i].store(false, Ordering::SeqCst);
+                        store.release(&token).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(
+        lifetimes.load(Ordering::SeqCst) > 8,
+        "keys were reacquired after release"
+    );
+}
+
+#[test]
+fn concurrent_sync_callers_share_fdatasyncs() {
+    let dir = TempDir::new("group");
+    let options = Options::default()
+        .storage(Arc::new(FsStorage))
+        .durability(Durability::Sync);
+    let store = Store::open(&dir.0, options).unwrap();
+    let per_thread = 100;
+    let handles: Vec<_> = (0..16)
+        .map(|t| {
+            let store = store.clone();
+            thread::spawn(move || {
+                for n in 0..per_thread {
+                    let k = format!("t{t}-{n}");
+                    assert!(matches!(
+                        store.claim(b"acct", k.as_bytes(), &fp(1), TTL).unwrap(),
+                        ClaimOutcome::Acquired(_)
+                    ));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let stats = store.stats();
+    assert_eq!(stats.frames_appended, 16 * per_thread);
+    assert!(
+        stats.syncs < stats.frames_appended / 2,
+        "group commit should batch: {} syncs for {} frames",
+        stats.syncs,
+        stats.frames_appended
+    );
+}
