@@ -1,0 +1,252 @@
+//! Command-line flags and their `IDEMLOG_*` environment variables: the binary's contract.
+//!
+//! Every flag can also be set from the environment (the variable is named next to each flag in
+//! `--help`). Durations are written as a whole number followed by a unit: `250ms`, `2s`, `30s`, `5m`,
+//! `24h`, `7d`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::idempotency::FingerprintMode;
+
+/// Flags of the `idemlog-server` binary.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "idemlog-server",
+    version,
+    about = "Payments API behind an Idempotency-Key layer on the embedded idemlog store"
+)]
+pub struct Config {
+    /// Address to listen on (port 0 picks a free port; the chosen address is logged).
+    #[arg(long, env = "IDEMLOG_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Directory of the embedded store (created if missing).
+    #[arg(long, env = "IDEMLOG_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// API key and the account it authenticates, as KEY=ACCOUNT; repeatable. The environment form
+    /// is comma-separated: IDEMLOG_API_KEYS="k1=acct_a,k2=acct_b". With none, a demo key is used.
+    #[arg(
+        long = "api-key",
+        env = "IDEMLOG_API_KEYS",
+        value_name = "KEY=ACCOUNT",
+        value_delimiter = ',',
+        value_parser = parse_api_key
+    )]
+    pub api_keys: Vec<(String, String)>,
+
+    /// How long a completed (or claimed) Idempotency-Key is remembered; the fake provider remembers
+    /// its derived key for as long.
+    #[arg(long, env = "IDEMLOG_KEY_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub key_ttl: Duration,
+
+    /// How long a claim holds its key before a retry may take it over (the holder renews it while
+    /// its handler runs, so only a dead holder loses it).
+    #[arg(long, env = "IDEMLOG_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+
+    /// When a write must be on disk before the request is answered.
+    #[arg(long, env = "IDEMLOG_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
+    pub durability: DurabilityArg,
+
+    /// fdatasync interval for `--durability periodic`.
+    #[arg(long, env = "IDEMLOG_SYNC_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    pub sync_interval: Duration,
+
+    /// Largest request body accepted on idempotent routes (bytes); larger is 413.
+    #[arg(long, env = "IDEMLOG_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Time the fake payment provider takes to answer a charge (after recording it).
+    #[arg(long, env = "IDEMLOG_GATEWAY_LATENCY", default_value = "50ms", value_parser = parse_duration)]
+    pub gateway_latency: Duration,
+
+    /// The fake provider records the first N new charges, then fails the call as though its
+    /// response was lost (the handler answers 502 and the key is released).
+    #[arg(long, env = "IDEMLOG_GATEWAY_FAIL_AFTER_CHARGE", default_value_t = 0)]
+    pub gateway_fail_after_charge: u64,
+
+    /// How request bodies enter the fingerprint: JSON in canonical form (sorted keys, no
+    /// insignificant whitespace) or the exact bytes.
+    #[arg(long, env = "IDEMLOG_FINGERPRINT", value_enum, default_value_t = FingerprintMode::CanonicalJson)]
+    pub fingerprint: FingerprintMode,
+
+    /// BENCHMARKING AID ONLY: `off` serves POST /payments without the idempotency layer so a load
+    /// generator can measure the layer's cost against the same handler. Never run `off` for real.
+    #[arg(long, env = "IDEMLOG_IDEMPOTENCY", value_enum, default_value_t = Switch::On)]
+    pub idempotency: Switch,
+
+    /// Log format.
+    #[arg(long, env = "IDEMLOG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// How long shutdown waits for requests still running after their clients left.
+    #[arg(long, env = "IDEMLOG_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+}
+
+/// `--durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// Every answer waits for an fdatasync covering its records (group commit).
+    Sync,
+    /// Records are written at once and fdatasynced every `--sync-interval`.
+    Periodic,
+    /// No fdatasync until shutdown: a crash may lose recent records. For tests and benchmarks.
+    None,
+}
+
+/// An on/off switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines with key=value fields.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Config {
+    /// The engine's durability mode for these flags.
+    pub fn engine_durability(&self) -> idemlog::Durability {
+        match self.durability {
+            DurabilityArg::Sync => idemlog::Durability::Sync,
+            DurabilityArg::Periodic => idemlog::Durability::Periodic(self.sync_interval),
+            DurabilityArg::None => idemlog::Durability::None,
+        }
+    }
+}
+
+/// Parses `250ms`, `2s`, `30s`, `5m`, `24h`, `7d`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("duration {text:?} needs a unit: ms, s, m, h or d"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
+    let per_unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {text:?}: use ms, s, m, h or d"
+            ));
+        }
+    };
+    let ms = n
+        .checked_mul(per_unit_ms)
+        .ok_or_else(|| format!("duration {text:?} is too long"))?;
+    if ms == 0 {
+        return Err(format!("duration {text:?} must be at least 1ms"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// Parses `KEY=ACCOUNT`: the key is visible ASCII, the account 1–255 visible ASCII characters (it
+/// becomes the engine's scope).
+pub fn parse_api_key(text: &str) -> Result<(String, String), String> {
+    let (key, account) = text
+        .split_once('=')
+        .ok_or_else(|| "expected KEY=ACCOUNT".to_owned())?;
+    let visible = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
+    if !visible(key) {
+        return Err("the API key must be non-empty visible ASCII".to_owned());
+    }
+    if !visible(account) || account.len() > idemlog::MAX_SCOPE {
+        return Err(format!(
+            "the account must be 1–{} visible ASCII characters",
+            idemlog::MAX_SCOPE
+        ));
+    }
+    Ok((key.to_owned(), account.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_the_documented_forms() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+    }
+
+    #[test]
+    fn durations_without_a_unit_or_zero_are_refused() {
+        for bad in [
+            "30",
+            "",
+            "s",
+            "0s",
+            "1.5s",
+            "10x",
+            "-1s",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn api_keys_are_key_equals_account() {
+        assert_eq!(
+            parse_api_key("k1=acct_a"),
+            Ok(("k1".to_owned(), "acct_a".to_owned()))
+        );
+        assert!(parse_api_key("k1").is_err());
+        assert!(parse_api_key("=acct").is_err());
+        assert!(parse_api_key("k1=").is_err());
+        assert!(parse_api_key("k 1=acct").is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = Config::try_parse_from(["idemlog-server"]).expect("defaults parse");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.data_dir, PathBuf::from("./data"));
+        assert!(c.api_keys.is_empty());
+        assert_eq!(c.key_ttl, Duration::from_secs(86_400));
+        assert_eq!(c.lease, Duration::from_secs(30));
+        assert_eq!(c.durability, DurabilityArg::Sync);
+        assert_eq!(c.max_body_bytes, 65_536);
+        assert_eq!(c.gateway_latency, Duration::from_millis(50));
+        assert_eq!(c.gateway_fail_after_charge, 0);
+        assert_eq!(c.idempotency, Switch::On);
+    }
+
+    #[test]
+    fn api_key_flag_repeats() {
+        let c = Config::try_parse_from([
+            "idemlog-server",
+            "--api-key",
+            "k1=acct_a",
+            "--api-key",
+            "k2=acct_b",
+        ])
+        .expect("parse");
+        assert_eq!(c.api_keys.len(), 2);
+        assert_eq!(c.api_keys[1], ("k2".to_owned(), "acct_b".to_owned()));
+    }
+}

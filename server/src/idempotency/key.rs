@@ -1,0 +1,172 @@
+//! Parsing the `Idempotency-Key` header.
+//!
+//! The IETF draft makes the value a structured-field string (`"…"`); many clients send a bare UUID,
+//! so an unquoted value is taken as it is, and `"abc"` and `abc` are the same key. After unquoting
+//! the key must be 1–255 visible ASCII characters (0x21–0x7E). Anything else is a 400 before the
+//! request runs.
+
+use axum::http::HeaderMap;
+
+use crate::problem::Problem;
+use axum::http::StatusCode;
+
+/// Header name.
+pub const HEADER: &str = "idempotency-key";
+
+/// Longest key, in characters (the draft's and the engine's limit).
+pub const MAX_LEN: usize = idemlog::MAX_KEY;
+
+/// A validated key; also put in the request extensions for the handler.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Why a header value is not a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// No `Idempotency-Key` header.
+    #[error("the Idempotency-Key header is required")]
+    Missing,
+    /// More than one `Idempotency-Key` header.
+    #[error("send exactly one Idempotency-Key header")]
+    Repeated,
+    /// The key is empty.
+    #[error("the Idempotency-Key must not be empty")]
+    Empty,
+    /// The key is longer than 255 characters.
+    #[error("the Idempotency-Key is {0} characters; at most {MAX_LEN} are allowed")]
+    TooLong(usize),
+    /// A byte outside visible ASCII.
+    #[error("the Idempotency-Key may hold only visible ASCII characters (0x21-0x7E)")]
+    InvalidCharacter,
+    /// A value starting with `"` that is not a well-formed structured-field string.
+    #[error("the Idempotency-Key is not a well-formed quoted string")]
+    BadQuoting,
+}
+
+impl KeyError {
+    /// The 400 problem for this error.
+    pub fn to_problem(&self) -> Problem {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-idempotency-key",
+            "Invalid Idempotency-Key",
+            self.to_string(),
+        )
+    }
+}
+
+/// The key of a request.
+pub fn from_headers(headers: &HeaderMap) -> Result<IdempotencyKey, KeyError> {
+    let mut values = headers.get_all(HEADER).iter();
+    let value = values.next().ok_or(KeyError::Missing)?;
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    parse(value.as_bytes())
+}
+
+/// Parses one header value.
+pub fn parse(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
+    let key = match raw.first() {
+        Some(b'"') => unquote(raw)?,
+        _ => raw.to_vec(),
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if !key.iter().all(u8::is_ascii_graphic) {
+        return Err(KeyError::InvalidCharacter);
+    }
+    if key.len() > MAX_LEN {
+        return Err(KeyError::TooLong(key.len()));
+    }
+    // All bytes are ASCII, so this cannot fail; map rather than unwrap all the same.
+    String::from_utf8(key)
+        .map(IdempotencyKey)
+        .map_err(|_| KeyError::InvalidCharacter)
+}
+
+/// RFC 8941 sf-string: `"` *( unescaped / `\"` / `\\` ) `"`.
+fn unquote(raw: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let inner = raw
+        .strip_prefix(b"\"")
+        .and_then(|r| r.strip_suffix(b"\""))
+        .ok_or(KeyError::BadQuoting)?;
+    let mut out = Vec::with_capacity(inner.len());
+    let mut bytes = inner.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return Err(KeyError::BadQuoting),
+            },
+            b'"' => return Err(KeyError::BadQuoting),
+            _ => out.push(b),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(raw: &str) -> String {
+        parse(raw.as_bytes()).expect(raw).as_str().to_owned()
+    }
+
+    #[test]
+    fn quoted_and_bare_forms_are_the_same_key() {
+        assert_eq!(ok("\"abc\""), "abc");
+        assert_eq!(ok("abc"), "abc");
+        assert_eq!(
+            ok("8e03978e-40d5-43e8-bc93-6894a57f9324"),
+            "8e03978e-40d5-43e8-bc93-6894a57f9324"
+        );
+    }
+
+    #[test]
+    fn escapes_inside_quotes_are_decoded() {
+        assert_eq!(ok(r#""a\"b""#), "a\"b");
+        assert_eq!(ok(r#""a\\b""#), "a\\b");
+    }
+
+    #[test]
+    fn empty_long_and_non_visible_keys_are_refused() {
+        assert_eq!(parse(b""), Err(KeyError::Empty));
+        assert_eq!(parse(b"\"\""), Err(KeyError::Empty));
+        assert_eq!(parse(&[b'a'; 256]), Err(KeyError::TooLong(256)));
+        assert!(parse(&[b'a'; 255]).is_ok());
+        assert_eq!(parse(b"a b"), Err(KeyError::InvalidCharacter));
+        assert_eq!(parse(b"\"a b\""), Err(KeyError::InvalidCharacter));
+        assert_eq!(
+            parse("caf\u{e9}".as_bytes()),
+            Err(KeyError::InvalidCharacter)
+        );
+        assert_eq!(parse(b"a\tb"), Err(KeyError::InvalidCharacter));
+    }
+
+    #[test]
+    fn malformed_quoting_is_refused() {
+        assert_eq!(parse(b"\"abc"), Err(KeyError::BadQuoting));
+        assert_eq!(parse(b"\"a\"b\""), Err(KeyError::BadQuoting));
+        assert_eq!(parse(br#""a\x""#), Err(KeyError::BadQuoting));
+        assert_eq!(parse(b"\""), Err(KeyError::BadQuoting));
+    }
+
+    #[test]
+    fn missing_or_repeated_header_is_refused() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(from_headers(&headers), Err(KeyError::Missing));
+        headers.append(HEADER, "a".parse().expect("value"));
+        headers.append(HEADER, "b".parse().expect("value"));
+        assert_eq!(from_headers(&headers), Err(KeyError::Repeated));
+    }
+}

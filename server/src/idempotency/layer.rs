@@ -1,0 +1,565 @@
+//! The tower layer: claim, run, complete or release, replay.
+//!
+//! Request path, in order:
+//! 1. scope from the [`Scope`] extension (none → 401), key from the header (bad → 400), body read up
+//!    to the limit (over → 413): nothing has been claimed yet, nothing runs;
+//! 2. fingerprint, then a task is spawned for everything that follows. The connection's future only
+//!    awaits that task, so a client that disconnects (axum drops the future) cannot cancel a claim,
+//!    a handler or a completion halfway;
+//! 3. claim: replay / 409 / 422 / store failure (503), or acquired;
+//! 4. the inner service runs in a task of its own (a panic there is caught as a `JoinError`); while it
+//!    runs, the lease is renewed every `heartbeat`, so only a dead holder loses its key;
+//! 5. 5xx or panic → release; otherwise the body is collected and `complete` stores the response and
+//!    the handler's [`SideRecords`] in one atomic append;
+//! 6. if `complete` is refused because the claim was taken over (`LeaseLost`), the client gets the
+//!    winner's stored response, or a 409 while there is none — never its own, unrecorded one.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::header::CONTENT_LENGTH;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idemlog::{
+    ClaimOutcome, ClaimToken, Error as StoreError, Fingerprint, RecordState, Store, Takeover,
+};
+use tokio::task::JoinError;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tower::{Layer, Service, ServiceExt};
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use super::fingerprint::{FingerprintMode, fingerprint};
+use super::in_flight::InFlight;
+use super::key::{self, IdempotencyKey};
+use super::outcome::{Outcome, OutcomeCounts};
+use super::replay;
+use super::side_records::SideRecords;
+use super::{ClaimInfo, Scope};
+use crate::problem::Problem;
+
+/// Settings of an [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    /// How long a key (claimed or completed) is remembered.
+    pub key_ttl: Duration,
+    /// Largest request body read; larger → 413.
+    pub max_body_bytes: usize,
+    /// Largest response body stored; a larger one is not stored (the key is released and the
+    /// client gets a 500) rather than truncated. Keep it at most the store's `max_value_bytes`.
+    pub max_response_bytes: usize,
+    /// How bodies enter the fingerprint.
+    pub fingerprint: FingerprintMode,
+    /// How often a running handler's lease is renewed; `None` never renews it.
+    pub heartbeat: Option<Duration>,
+}
+
+impl IdempotencyConfig {
+    /// Defaults for a store with this lease: 64 KiB bodies, 4 MiB responses, canonical JSON
+    /// fingerprints, the lease renewed every third of its length.
+    pub fn new(key_ttl: Duration, lease: Duration) -> Self {
+        Self {
+            key_ttl,
+            max_body_bytes: 64 * 1024,
+            max_response_bytes: 4 << 20,
+            fingerprint: FingerprintMode::CanonicalJson,
+            heartbeat: Some((lease / 3).max(Duration::from_millis(1))),
+        }
+    }
+}
+
+/// The idempotency layer. Cheap to clone; clones share the store, counters and in-flight count.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: Store,
+    config: IdempotencyConfig,
+    counts: Arc<OutcomeCounts>,
+    in_flight: InFlight,
+}
+
+impl IdempotencyLayer {
+    /// A layer keeping its records in `store`.
+    pub fn new(store: Store, config: IdempotencyConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                config,
+                counts: Arc::default(),
+                in_flight: InFlight::default(),
+            }),
+        }
+    }
+
+    /// Requests per outcome.
+    pub fn counts(&self) -> Arc<OutcomeCounts> {
+        Arc::clone(&self.shared.counts)
+    }
+
+    /// The spawned request tasks still running (shutdown waits for them).
+    pub fn in_flight(&self) -> InFlight {
+        self.shared.in_flight.clone()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotent<S>;
+
+    fn layer(&self, inner: S) -> Idempotent<S> {
+        Idempotent {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service an [`IdempotencyLayer`] wraps around a route.
+#[derive(Clone)]
+pub struct Idempotent<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Service<Request> for Idempotent<S>
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The inner service is cloned per request and driven to readiness by `oneshot`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let inner = self.inner.clone();
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move { Ok(handle(shared, inner, request).await) })
+    }
+}
+
+/// A store call that did not succeed.
+#[derive(Debug, thiserror::Error)]
+enum StoreFailure {
+    #[error(transparent)]
+    Engine(#[from] StoreError),
+    #[error("store task failed: {0}")]
+    Task(#[from] JoinError),
+}
+
+/// Runs a blocking store call off the async workers.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> idemlog::Result<T> + Send + 'static,
+) -> Result<T, StoreFailure> {
+    Ok(tokio::task::spawn_blocking(call).await??)
+}
+
+enum BodyError {
+    TooLarge,
+    Unreadable(String),
+}
+
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge),
+        Err(e) => Err(BodyError::Unreadable(e.to_string())),
+    }
+}
+
+/// Everything up to the spawn: checks that need no claim.
+async fn handle<S>(shared: Arc<Shared>, inner: S, request: Request) -> Response
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let counts = &shared.counts;
+    let Some(scope) = request.extensions().get::<Scope>().cloned() else {
+        counts.record(Outcome::Unauthenticated);
+        warn!("request reached the idempotency layer without an authenticated scope");
+        return Problem::unauthorized("this route needs an authenticated account").into_response();
+    };
+    let key = match key::from_headers(request.headers()) {
+        Ok(key) => key,
+        Err(e) => {
+            counts.record(Outcome::RejectedKey);
+            info!(scope = scope.as_str(), error = %e, "rejected request: bad Idempotency-Key");
+            return e.to_problem().into_response();
+        }
+    };
+    let (mut parts, body) = request.into_parts();
+    let limit = shared.config.max_body_bytes;
+    let bytes = match read_body(&parts.headers, body, limit).await {
+        Ok(bytes) => bytes,
+        Err(BodyError::TooLarge) => {
+            counts.record(Outcome::BodyTooLarge);
+            info!(
+                scope = scope.as_str(),
+                key = key.as_str(),
+                limit,
+                "rejected request: body too large"
+            );
+            return Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!("the request body exceeds {limit} bytes"),
+            )
+            .into_response();
+        }
+        Err(BodyError::Unreadable(e)) => {
+            counts.record(Outcome::BodyUnreadable);
+            info!(scope = scope.as_str(), key = key.as_str(), error = %e, "request body could not be read");
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "body-unreadable",
+                "Request body could not be read",
+                e,
+            )
+            .into_response();
+        }
+    };
+    let fp = fingerprint(
+        shared.config.fingerprint,
+        &parts.method,
+        parts.uri.path(),
+        parts.uri.query(),
+        &parts.headers,
+        &bytes,
+    );
+    parts.extensions.insert(key.clone());
+    let request = Request::from_parts(parts, Body::from(bytes));
+
+    let span = info_span!("idempotency", scope = scope.as_str(), key = key.as_str());
+    let guard = shared.in_flight.enter();
+    let task = tokio::spawn(
+        async move {
+            let _guard = guard;
+            run(shared, inner, scope, key, fp, request).await
+        }
+        .instrument(span),
+    );
+    match task.await {
+        Ok(response) => response,
+        Err(e) => {
+            error!(error = %e, "idempotency task failed");
+            Problem::internal("the request could not be processed").into_response()
+        }
+    }
+}
+
+/// Claim and act on the outcome. Runs in a spawned task.
+async fn run<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    scope: Scope,
+    key: IdempotencyKey,
+    fp: Fingerprint,
+    request: Request,
+) -> Response
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let counts = &shared.counts;
+    let claimed = blocking({
+        let store = shared.store.clone();
+        let ttl = shared.config.key_ttl;
+        let (scope, key) = (scope.clone(), key.clone());
+        move || {
+            let (scope, key) = (scope.as_str().as_bytes(), key.as_str().as_bytes());
+            let outcome = store.claim(scope, key, &fp, ttl)?;
+            // The record's expiry, for handlers whose downstream keys must live as long as ours.
+            let expires_at_ms = match &outcome {
+                ClaimOutcome::Acquired(token) => store
+                    .get(scope, key)?
+                    .filter(|record| record.fence == token.fence())
+                    .map(|record| record.expires_at_ms),
+                _ => None,
+            };
+            Ok((outcome, expires_at_ms))
+        }
+    })
+    .await;
+    match claimed {
+        Err(e) => store_failure(counts, "claim", &e),
+        Ok((ClaimOutcome::Completed(stored), _)) => {
+            counts.record(Outcome::Replayed);
+            info!(
+                status = stored.status,
+                "key already completed: replaying the stored response"
+            );
+            replay::replay(stored)
+        }
+        Ok((ClaimOutcome::InProgress { retry_after }, _)) => {
+            counts.record(Outcome::Conflict);
+            info!(
+                retry_after_ms = retry_after.as_millis() as u64,
+                "key held by a request still running: 409"
+            );
+            in_progress(retry_after)
+        }
+        Ok((ClaimOutcome::Mismatch, _)) => {
+            counts.record(Outcome::Mismatch);
+            info!("key reused for a different request: 422");
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency-Key reused for a different request",
+                "this Idempotency-Key was already used with another method, path, query or body; \
+                 use a new key for a new request",
+            )
+            .into_response()
+        }
+        Ok((ClaimOutcome::Acquired(token), expires_at_ms)) => {
+            let mut request = request;
+            request.extensions_mut().insert(ClaimInfo {
+                fence: token.fence(),
+                expires_at_ms,
+            });
+            execute(shared, inner, token, fp, request).await
+        }
+    }
+}
+
+/// The 409 for a key whose request is still running.
+fn in_progress(retry_after: Duration) -> Response {
+    let seconds = retry_after.as_millis().div_ceil(1000).max(1) as u64;
+    Problem::new(
+        StatusCode::CONFLICT,
+        "request-in-progress",
+        "A request with this Idempotency-Key is in progress",
+        format!("the first request with this key is still running; retry in {seconds} s"),
+    )
+    .retry_after(seconds)
+    .into_response()
+}
+
+fn store_failure(counts: &OutcomeCounts, during: &'static str, e: &StoreFailure) -> Response {
+    counts.record(Outcome::StoreError);
+    error!(during, error = %e, "idempotency store failed: 503");
+    Problem::store_unavailable(format!("the idempotency store failed during {during}: {e}"))
+        .into_response()
+}
+
+/// Waits for the first interval tick, or forever when renewal is off.
+async fn tick(interval: &mut Option<Interval>) {
+    match interval {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the handler under an acquired claim and records its result.
+async fn execute<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    token: ClaimToken,
+    fp: Fingerprint,
+    request: Request,
+) -> Response
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let counts = &shared.counts;
+    let outcome = match token.takeover() {
+        Some(Takeover::LeaseExpired) => {
+            warn!(
+                fence = token.fence(),
+                "took over a stuck claim whose lease ran out: running the handler again"
+            );
+            Outcome::TakenOver
+        }
+        Some(Takeover::Expired) => {
+            info!(
+                fence = token.fence(),
+                "key had expired: claimed as a new operation"
+            );
+            Outcome::Executed
+        }
+        None => {
+            info!(fence = token.fence(), "claimed key: running the handler");
+            Outcome::Executed
+        }
+    };
+
+    let mut handler = tokio::spawn(inner.oneshot(request).in_current_span());
+    let mut renew = shared.config.heartbeat.map(|period| {
+        let mut interval = tokio::time::interval_at(Instant::now() + period, period);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        interval
+    });
+    let joined = loop {
+        let renew_failed = tokio::select! {
+            joined = &mut handler => break joined,
+            () = tick(&mut renew) => {
+                let store = shared.store.clone();
+                let token = token.clone();
+                match blocking(move || store.extend(&token)).await {
+                    Ok(lease) => {
+                        debug!(lease_ms = lease.as_millis() as u64, "lease renewed");
+                        false
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "could not renew the lease: a retry may take the key over");
+                        true
+                    }
+                }
+            }
+        };
+        if renew_failed {
+            renew = None;
+        }
+    };
+
+    let response = match joined {
+        Ok(Ok(response)) => response.into_response(),
+        Ok(Err(never)) => match never {},
+        Err(e) => {
+            error!(panicked = e.is_panic(), error = %e, "handler failed: releasing the key");
+            release(&shared, token).await;
+            counts.record(Outcome::Released);
+            return Problem::internal(
+                "the handler failed; the request may be retried with the same key",
+            )
+            .into_response();
+        }
+    };
+
+    if response.status().is_server_error() {
+        info!(
+            status = response.status().as_u16(),
+            "handler answered a server error: releasing the key"
+        );
+        release(&shared, token).await;
+        counts.record(Outcome::Released);
+        let mut response = response;
+        response.extensions_mut().remove::<SideRecords>();
+        return response;
+    }
+
+    let (mut parts, body) = response.into_parts();
+    let side = parts.extensions.remove::<SideRecords>().unwrap_or_default();
+    let body = match axum::body::to_bytes(body, shared.config.max_response_bytes).await {
+        Ok(body) => body,
+        Err(e) => {
+            error!(error = %e, limit = shared.config.max_response_bytes, "response body could not be stored: releasing the key");
+            release(&shared, token).await;
+            counts.record(Outcome::Released);
+            return Problem::internal("the response could not be recorded").into_response();
+        }
+    };
+    let stored = replay::to_stored(&parts, body.clone());
+    let status = stored.status;
+    let side_records = side.0.len();
+    let completed = blocking({
+        let store = shared.store.clone();
+        let token = token.clone();
+        move || store.complete(&token, &stored, &side.0)
+    })
+    .await;
+    match completed {
+        Ok(()) => {
+            counts.record(outcome);
+            info!(status, side_records, "completed: response stored");
+            Response::from_parts(parts, Body::from(body))
+        }
+        Err(StoreFailure::Engine(StoreError::LeaseLost { .. })) => {
+            fenced(&shared, &token, fp).await
+        }
+        Err(StoreFailure::Engine(
+            e @ (StoreError::TooLarge { .. }
+            | StoreError::Empty(_)
+            | StoreError::InvalidArgument(_)),
+        )) => {
+            error!(error = %e, "response could not be stored: releasing the key");
+            release(&shared, token).await;
+            counts.record(Outcome::Released);
+            Problem::internal(format!("the response could not be recorded: {e}")).into_response()
+        }
+        Err(e) => store_failure(counts, "complete", &e),
+    }
+}
+
+/// Our claim was taken over while the handler ran: answer with the winner's result, never ours.
+async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Response {
+    shared.counts.record(Outcome::Fenced);
+    let store = shared.store.clone();
+    let (scope, key) = (token.scope().to_vec(), token.key().to_vec());
+    match blocking(move || store.get(&scope, &key)).await {
+        Ok(Some(record)) if record.fingerprint == fp => match record.state {
+            RecordState::Completed(stored) => {
+                warn!(
+                    fence = token.fence(),
+                    "claim was taken over while the handler ran: answering with the winner's stored response"
+                );
+                replay::replay(stored)
+            }
+            RecordState::InProgress { .. } => {
+                warn!(
+                    fence = token.fence(),
+                    "claim was taken over while the handler ran and the new holder is still running: 409"
+                );
+                in_progress(Duration::from_secs(1))
+            }
+        },
+        Ok(_) => {
+            warn!(
+                fence = token.fence(),
+                "claim was taken over while the handler ran and no matching record remains: 409"
+            );
+            in_progress(Duration::from_secs(1))
+        }
+        Err(e) => {
+            error!(error = %e, "idempotency store failed after a takeover: 503");
+            Problem::store_unavailable(format!("the idempotency store failed: {e}")).into_response()
+        }
+    }
+}
+
+/// Gives the key up so a retry can run; failures only delay that until the lease runs out.
+async fn release(shared: &Shared, token: ClaimToken) {
+    let store = shared.store.clone();
+    let fence = token.fence();
+    match blocking(move || store.release(&token)).await {
+        Ok(()) => info!(fence, "key released: a retry will run the handler again"),
+        Err(StoreFailure::Engine(StoreError::LeaseLost { .. })) => {
+            warn!(
+                fence,
+                "release refused: the claim had already been taken over"
+            );
+        }
+        Err(e) => error!(
+            fence,
+            error = %e,
+            "release failed: the key frees itself when its lease runs out"
+        ),
+    }
+}

@@ -1,0 +1,22 @@
+//! idemlog-server: a payments API behind a reusable `Idempotency-Key` layer on the idemlog engine.
+//!
+//! The library holds everything but process set-up, so that tests drive the same router the binary
+//! serves ([`app::app`]) and other axum/tower services can reuse the layer ([`idempotency`]).
+//!
+//! - [`config`]: flags and `IDEMLOG_*` variables;
+//! - [`auth`]: Bearer API key → account → idempotency scope;
+//! - [`idempotency`]: the layer (key, fingerprint, claim/complete/release, replay);
+//! - [`payments`]: the handlers and the fake provider;
+//! - [`metrics`]: Prometheus text; [`problem`]: RFC 9457 errors; [`app`]: the router.
+
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod idempotency;
+pub mod metrics;
+pub mod payments;
+pub mod problem;
+
+pub use app::{App, AppConfig, app};

@@ -1,0 +1,217 @@
+//! The `idemlog-server` binary: parse flags, open the store, serve, shut down gracefully.
+//!
+//! Shutdown on SIGTERM or Ctrl-C: stop accepting, let requests in flight finish (including handlers
+//! whose clients already left), then close the store, which flushes and syncs the log.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use idemlog::{Options, Store, SystemClock};
+use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
+use idemlog_server::config::{Config, LogFormat, Switch};
+use idemlog_server::{App, AppConfig, app};
+use tokio::net::TcpListener;
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, thiserror::Error)]
+enum ServerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("could not open the store in {dir}: {source}")]
+    Open {
+        dir: String,
+        #[source]
+        source: idemlog::Error,
+    },
+    #[error("could not start the payment provider: {0}")]
+    Gateway(#[from] idemlog_server::payments::GatewayError),
+    #[error("could not listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server failed: {0}")]
+    Serve(#[source] std::io::Error),
+    #[error("closing the store failed: {0}")]
+    Close(#[source] idemlog::Error),
+    #[error("background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let config = Config::parse();
+    init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!(error = %e, "could not start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => {
+            info!("shut down cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!(error = %e, "server stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> Result<(), ServerError> {
+    let keys = ApiKeys::new(&config.api_keys).map_err(|e| ServerError::Config(e.to_string()))?;
+    if keys.is_demo() {
+        warn!(
+            api_key = DEMO_API_KEY,
+            account = DEMO_ACCOUNT,
+            "NO API KEYS CONFIGURED: serving with the public DEMO key. Anyone can use it. \
+             Pass --api-key KEY=ACCOUNT (or IDEMLOG_API_KEYS) for real use."
+        );
+    } else {
+        info!(keys = keys.len(), "API keys loaded");
+    }
+    if config.idempotency == Switch::Off {
+        warn!(
+            "IDEMPOTENCY LAYER OFF (--idempotency off): POST /payments is NOT protected against \
+             duplicates. This mode exists only to benchmark the layer's cost."
+        );
+    }
+
+    let clock = Arc::new(SystemClock);
+    let options = Options::default()
+        .durability(config.engine_durability())
+        .lease(config.lease)
+        .clock(clock.clone());
+    let max_value_bytes = options.max_value_bytes;
+    let dir = config.data_dir.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&dir, options))
+        .await?
+        .map_err(|source| ServerError::Open {
+            dir: config.data_dir.display().to_string(),
+            source,
+        })?;
+    let report = store.recovery_report();
+    info!(
+        dir = %config.data_dir.display(),
+        segments = report.segments,
+        frames = report.frames,
+        operations = report.operations,
+        bytes = report.bytes,
+        durability = ?config.durability,
+        "store opened: log replayed"
+    );
+    if let Some(torn) = &report.torn_tail {
+        warn!(
+            segment = %torn.path.display(),
+            offset = torn.offset,
+            discarded_bytes = torn.discarded,
+            "cut a torn tail left by a crash (writes that were never acknowledged)"
+        );
+    }
+
+    let app_config = AppConfig {
+        key_ttl: config.key_ttl,
+        lease: config.lease,
+        max_body_bytes: config.max_body_bytes,
+        max_response_bytes: max_value_bytes,
+        fingerprint: config.fingerprint,
+        gateway_latency: config.gateway_latency,
+        gateway_fail_after_charge: config.gateway_fail_after_charge,
+        idempotency: config.idempotency == Switch::On,
+        clock,
+    };
+    let application = App::new(store.clone(), keys, &app_config)?;
+    info!(
+        charges_total = application.gateway.charges_total(),
+        "payment provider ready"
+    );
+    let router = app(&application);
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServerError::Serve)?;
+    info!(%addr, "listening");
+
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServerError::Serve)?;
+
+    info!("stopped accepting; connections drained");
+    if let Some(layer) = &application.idempotency {
+        let in_flight = layer.in_flight();
+        if in_flight.count() > 0 {
+            info!(
+                tasks = in_flight.count(),
+                "waiting for requests whose clients left to finish"
+            );
+        }
+        if tokio::time::timeout(config.shutdown_grace, in_flight.wait_idle())
+            .await
+            .is_err()
+        {
+            warn!(
+                tasks = in_flight.count(),
+                "requests still running after the grace period: their keys are taken over \
+                 after the lease on the next start"
+            );
+        }
+    }
+    tokio::task::spawn_blocking(move || store.close())
+        .await?
+        .map_err(ServerError::Close)?;
+    info!("store closed: log flushed and synced");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => info!("Ctrl-C received: shutting down"),
+        () = terminate => info!("SIGTERM received: shutting down"),
+    }
+}

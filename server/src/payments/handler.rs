@@ -1,0 +1,210 @@
+//! HTTP handlers for payments.
+//!
+//! `create_payment` validates the body (a 4xx problem, and no charge, when it is malformed or
+//! invalid), charges through the [`Gateway`] with the provider key `charge:{account}:{key}`, and
+//! answers 201 with the payment. The payment record does not get written here: it is returned as a
+//! [`SideRecords`] extension so the idempotency layer writes it in the same atomic append as the
+//! key's completion (or, with the layer off, `persist_side_records` writes it).
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Extension, Path, State};
+use axum::http::header::{CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idemlog::{SideWrite, Store};
+use tracing::{error, info};
+
+use super::PAYMENTS_NAMESPACE;
+use super::model::{CreatePayment, PaymentRecord};
+use super::provider::{Gateway, GatewayError};
+use crate::auth::Account;
+use crate::idempotency::{ClaimInfo, IdempotencyKey, SideRecords, key};
+use crate::problem::Problem;
+
+/// What the payment handlers need.
+#[derive(Clone)]
+pub struct PaymentsState {
+    /// The store (payment records are side records in it).
+    pub store: Store,
+    /// The fake provider.
+    pub gateway: Gateway,
+}
+
+fn invalid(status: StatusCode, detail: impl Into<String>) -> Response {
+    let (slug, title) = match status {
+        StatusCode::BAD_REQUEST => ("malformed-body", "Malformed request body"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported-media-type", "Body must be JSON"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("body-too-large", "Request body too large"),
+        _ => ("invalid-payment", "Invalid payment request"),
+    };
+    Problem::new(status, slug, title, detail).into_response()
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = (status, body).into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// `POST /payments`.
+pub async fn create_payment(
+    State(state): State<PaymentsState>,
+    Extension(account): Extension<Account>,
+    idempotency_key: Option<Extension<IdempotencyKey>>,
+    claim: Option<Extension<ClaimInfo>>,
+    headers: HeaderMap,
+    body: Result<Json<CreatePayment>, JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(request)) => request,
+        Err(rejection) => return invalid(rejection.status(), rejection.body_text()),
+    };
+    let payment = match request.validate() {
+        Ok(payment) => payment,
+        Err(detail) => return invalid(StatusCode::UNPROCESSABLE_ENTITY, detail),
+    };
+
+    // The provider key is derived from ours, so a re-run of this request (after a lost response, a
+    // 5xx or a takeover) gets the original charge back. Without the layer (benchmark mode) the
+    // header is still honoured if valid; a request without one is a one-off charge.
+    let key = match idempotency_key {
+        Some(Extension(key)) => Some(key),
+        None => key::from_headers(&headers).ok(),
+    };
+    let provider_key = match &key {
+        Some(key) => format!("charge:{}:{}", account.as_str(), key.as_str()),
+        None => format!(
+            "charge:{}:{}",
+            account.as_str(),
+            state.gateway.new_id("once_")
+        ),
+    };
+    let expires_at_ms = claim.and_then(|Extension(c)| c.expires_at_ms);
+
+    let charge = match state
+        .gateway
+        .charge(
+            provider_key,
+            payment.amount_minor,
+            payment.currency.clone(),
+            expires_at_ms,
+        )
+        .await
+    {
+        Ok(charge) => charge,
+        Err(e @ GatewayError::ResponseLost { .. }) => {
+            info!(error = %e, "payment provider call failed: 502");
+            return Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "provider-unavailable",
+                "Payment provider error",
+                "the payment provider did not answer; retry with the same Idempotency-Key",
+            )
+            .into_response();
+        }
+        Err(GatewayError::KeyReused { charge_id }) => {
+            return Problem::new(
+                StatusCode::CONFLICT,
+                "provider-key-reused",
+                "Payment provider refused the request",
+                format!("the provider already holds charge {charge_id} for this key with other parameters"),
+            )
+            .into_response();
+        }
+        Err(e) => {
+            error!(error = %e, "payment provider storage failed: 503");
+            return Problem::store_unavailable(format!("the payment could not be made: {e}"))
+                .into_response();
+        }
+    };
+
+    let record = PaymentRecord {
+        id: state.gateway.new_id("pay_"),
+        account: account.as_str().to_owned(),
+        amount_minor: payment.amount_minor,
+        currency: payment.currency,
+        status: "succeeded".to_owned(),
+        charge_id: charge.id,
+    };
+    let (stored, public) = match (serde_json::to_vec(&record), record.to_public_json()) {
+        (Ok(stored), Ok(public)) => (stored, public),
+        (Err(e), _) | (_, Err(e)) => {
+            error!(error = %e, "payment could not be serialised");
+            return Problem::internal("the payment could not be recorded").into_response();
+        }
+    };
+    let mut response = json_response(StatusCode::CREATED, public);
+    if let Ok(location) = HeaderValue::from_str(&format!("/payments/{}", record.id)) {
+        response.headers_mut().insert(LOCATION, location);
+    }
+    response
+        .extensions_mut()
+        .insert(SideRecords(vec![SideWrite::put(
+            PAYMENTS_NAMESPACE,
+            record.id.clone(),
+            stored,
+        )]));
+    info!(payment_id = %record.id, charge_id = %record.charge_id, "payment created");
+    response
+}
+
+fn not_found(id: &str) -> Response {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "payment-not-found",
+        "Payment not found",
+        format!("no payment {id:?} for this account"),
+    )
+    .into_response()
+}
+
+/// `GET /payments/{id}`: the payment for its owner, 404 for every other account.
+pub async fn get_payment(
+    State(state): State<PaymentsState>,
+    Extension(account): Extension<Account>,
+    Path(id): Path<String>,
+) -> Response {
+    if id.is_empty() || id.len() > 255 {
+        return not_found(&id);
+    }
+    let store = state.store.clone();
+    let lookup_id = id.clone();
+    let found = tokio::task::spawn_blocking(move || {
+        store.side_get(PAYMENTS_NAMESPACE.as_bytes(), lookup_id.as_bytes())
+    })
+    .await;
+    let bytes = match found {
+        Ok(Ok(Some(bytes))) => bytes,
+        Ok(Ok(None)) => return not_found(&id),
+        Ok(Err(e)) => {
+            error!(error = %e, "payment lookup failed: 503");
+            return Problem::store_unavailable(format!("the payment could not be read: {e}"))
+                .into_response();
+        }
+        Err(e) => {
+            error!(error = %e, "payment lookup task failed");
+            return Problem::internal("the payment could not be read").into_response();
+        }
+    };
+    let record: PaymentRecord = match serde_json::from_slice(&bytes) {
+        Ok(record) => record,
+        Err(e) => {
+            error!(error = %e, payment_id = %id, "stored payment is unreadable");
+            return Problem::internal("the payment could not be read").into_response();
+        }
+    };
+    if record.account != account.as_str() {
+        // Same answer as for a payment that does not exist: ids of other accounts are not revealed.
+        return not_found(&id);
+    }
+    match record.to_public_json() {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(e) => {
+            error!(error = %e, "payment could not be serialised");
+            Problem::internal("the payment could not be read").into_response()
+        }
+    }
+}

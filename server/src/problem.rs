@@ -1,0 +1,221 @@
+//! RFC 9457 problem details: the one shape every error response of this server takes.
+//!
+//! A [`Problem`] carries the four members the issue requires (`type`, `title`, `status`, `detail`) and
+//! renders as `application/problem+json`. [`ensure_problem_json`] is a last-line middleware that turns
+//! any other error response (axum's own 404/405/413 rejections, a bare status from a handler) into one,
+//! so clients can rely on the media type for every 4xx and 5xx.
+
+use axum::body::Body;
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// Media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Prefix of every problem `type`: a URN, so no host is implied and the value stays stable.
+const TYPE_PREFIX: &str = "urn:idemlog:problem:";
+
+/// One problem-details response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Short machine-friendly slug; the `type` member is `urn:idemlog:problem:{slug}`.
+    pub slug: &'static str,
+    /// Human summary that does not change from occurrence to occurrence.
+    pub title: &'static str,
+    /// Explanation of this occurrence.
+    pub detail: String,
+    /// Seconds for a `Retry-After` header (409 in progress, 503).
+    pub retry_after: Option<u64>,
+    /// Adds `WWW-Authenticate: Bearer` (401).
+    pub bearer_challenge: bool,
+}
+
+#[derive(Serialize)]
+struct Body9457<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+}
+
+impl Problem {
+    /// A problem with this status, slug, title and detail.
+    pub fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+            bearer_challenge: false,
+        }
+    }
+
+    /// Adds a `Retry-After` of `seconds`.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// 401: missing or unknown credentials.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Missing or invalid credentials",
+            detail,
+        );
+        p.bearer_challenge = true;
+        p
+    }
+
+    /// 503: the idempotency store cannot be used (poisoned, full disk, closed).
+    pub fn store_unavailable(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Idempotency store unavailable",
+            detail,
+        )
+        .retry_after(1)
+    }
+
+    /// 500: an internal failure (a panic, a response that could not be recorded).
+    pub fn internal(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal server error",
+            detail,
+        )
+    }
+
+    /// A generic problem for a status that has no more specific one.
+    pub fn from_status(status: StatusCode, detail: impl Into<String>) -> Self {
+        let title = status.canonical_reason().unwrap_or("Error");
+        let slug = match status {
+            StatusCode::NOT_FOUND => "not-found",
+            StatusCode::METHOD_NOT_ALLOWED => "method-not-allowed",
+            StatusCode::PAYLOAD_TOO_LARGE => "body-too-large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported-media-type",
+            StatusCode::BAD_REQUEST => "bad-request",
+            StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
+            s if s.is_server_error() => "internal",
+            _ => "http-error",
+        };
+        Self::new(status, slug, title, detail)
+    }
+
+    /// The `type` URI.
+    pub fn type_uri(&self) -> String {
+        format!("{TYPE_PREFIX}{}", self.slug)
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Vec<u8> {
+        let body = Body9457 {
+            kind: self.type_uri(),
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        // Serialising a struct of strings and an integer cannot fail; fall back to a minimal body
+        // rather than panic if it ever did.
+        serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec())
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut response = Response::new(Body::from(self.body()));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(seconds) = self.retry_after {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.bearer_challenge {
+            headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// True if the response already carries a problem+json body.
+fn is_problem(response: &Response) -> bool {
+    response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(PROBLEM_JSON))
+}
+
+/// Most bytes of a non-problem error body kept as the problem's detail.
+const MAX_DETAIL: usize = 1024;
+
+/// Middleware (for `axum::middleware::map_response`): rewrites every 4xx/5xx that is not yet
+/// problem+json into one, keeping a short plain-text body as the detail.
+pub async fn ensure_problem_json(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) || is_problem(&response) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let detail = match axum::body::to_bytes(body, MAX_DETAIL).await {
+        Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_owned(),
+    };
+    let mut problem = Problem::from_status(status, detail);
+    if let Some(seconds) = parts
+        .headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+    {
+        problem = problem.retry_after(seconds);
+    }
+    let mut rebuilt = problem.into_response();
+    // Keep headers such as `Allow` on a 405.
+    for (name, value) in &parts.headers {
+        if name != CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            rebuilt.headers_mut().insert(name, value.clone());
+        }
+    }
+    rebuilt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problem_body_has_the_four_rfc9457_members() {
+        let p = Problem::new(StatusCode::CONFLICT, "in-progress", "Busy", "try later");
+        let v: serde_json::Value = serde_json::from_slice(&p.body()).expect("json");
+        assert_eq!(v["type"], "urn:idemlog:problem:in-progress");
+        assert_eq!(v["title"], "Busy");
+        assert_eq!(v["status"], 409);
+        assert_eq!(v["detail"], "try later");
+    }
+
+    #[tokio::test]
+    async fn plain_error_responses_are_rewritten_as_problems() {
+        let plain = (StatusCode::METHOD_NOT_ALLOWED, "nope").into_response();
+        let rewritten = ensure_problem_json(plain).await;
+        assert_eq!(rewritten.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(rewritten.headers()[CONTENT_TYPE], PROBLEM_JSON);
+    }
+}

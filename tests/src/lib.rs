@@ -1,0 +1,1 @@
+//! End-to-end test harness (filled in by the next commit).
