@@ -211,7 +211,7 @@ mod tests {
     fn canonical_numbers_print_integral_values_as_integers() {
         assert_eq!(
             canonical("[100, 100.0, 1e2, -0.0, 0.5, 1e300]"),
-            "[100,100,100,0,0.5,1e300]"
+            "[100,100,100,0,0.5,1e+300]"
         );
     }
 

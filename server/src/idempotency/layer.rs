@@ -12,7 +12,7 @@
 //! 5. 5xx or panic → release; otherwise the body is collected and `complete` stores the response and
 //!    the handler's [`SideRecords`] in one atomic append;
 //! 6. if `complete` is refused because the claim was taken over (`LeaseLost`), the client gets the
-//!    winner's stored response, or a 409 while there is none — never its own, unrecorded one.
+//!    winner's stored response (waiting up to 2 s for it), or a 409 — never its own, unrecorded one.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -508,38 +508,55 @@ where
     }
 }
 
+/// How long an overtaken holder waits for the winner's response before answering 409.
+const FENCED_WAIT: Duration = Duration::from_secs(2);
+/// How often it looks.
+const FENCED_POLL: Duration = Duration::from_millis(20);
+
 /// Our claim was taken over while the handler ran: answer with the winner's result, never ours.
+/// The winner usually finishes soon (the provider dedups its charge onto ours), so wait a little for
+/// its stored response; 409 if it does not come.
 async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Response {
     shared.counts.record(Outcome::Fenced);
-    let store = shared.store.clone();
-    let (scope, key) = (token.scope().to_vec(), token.key().to_vec());
-    match blocking(move || store.get(&scope, &key)).await {
-        Ok(Some(record)) if record.fingerprint == fp => match record.state {
-            RecordState::Completed(stored) => {
+    let fence = token.fence();
+    let deadline = Instant::now() + FENCED_WAIT;
+    loop {
+        let store = shared.store.clone();
+        let (scope, key) = (token.scope().to_vec(), token.key().to_vec());
+        match blocking(move || store.get(&scope, &key)).await {
+            Ok(Some(record)) if record.fingerprint == fp => match record.state {
+                RecordState::Completed(stored) => {
+                    warn!(
+                        fence,
+                        winner = record.fence,
+                        "claim was taken over while the handler ran: answering with the winner's stored response"
+                    );
+                    return replay::replay(stored);
+                }
+                RecordState::InProgress { .. } if Instant::now() < deadline => {
+                    tokio::time::sleep(FENCED_POLL).await;
+                }
+                RecordState::InProgress { .. } => {
+                    warn!(
+                        fence,
+                        winner = record.fence,
+                        "claim was taken over while the handler ran and the new holder is still running: 409"
+                    );
+                    return in_progress(Duration::from_secs(1));
+                }
+            },
+            Ok(_) => {
                 warn!(
-                    fence = token.fence(),
-                    "claim was taken over while the handler ran: answering with the winner's stored response"
+                    fence,
+                    "claim was taken over while the handler ran and no matching record remains: 409"
                 );
-                replay::replay(stored)
+                return in_progress(Duration::from_secs(1));
             }
-            RecordState::InProgress { .. } => {
-                warn!(
-                    fence = token.fence(),
-                    "claim was taken over while the handler ran and the new holder is still running: 409"
-                );
-                in_progress(Duration::from_secs(1))
+            Err(e) => {
+                error!(error = %e, "idempotency store failed after a takeover: 503");
+                return Problem::store_unavailable(format!("the idempotency store failed: {e}"))
+                    .into_response();
             }
-        },
-        Ok(_) => {
-            warn!(
-                fence = token.fence(),
-                "claim was taken over while the handler ran and no matching record remains: 409"
-            );
-            in_progress(Duration::from_secs(1))
-        }
-        Err(e) => {
-            error!(error = %e, "idempotency store failed after a takeover: 503");
-            Problem::store_unavailable(format!("the idempotency store failed: {e}")).into_response()
         }
     }
 }

@@ -1,0 +1,226 @@
+//! Shared fixture: the real router (`idemlog_server::app`) on an in-memory, fault-injecting store
+//! with a manual clock, driven with `tower::ServiceExt::oneshot`.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use idemlog::storage::FaultyStorage;
+use idemlog::{Durability, ManualClock, Options, Store};
+use idemlog_server::auth::ApiKeys;
+use idemlog_server::idempotency::{FingerprintMode, Outcome};
+use idemlog_server::{App, AppConfig, app};
+use tower::ServiceExt;
+
+pub const KEY_A: &str = "key_a";
+pub const KEY_B: &str = "key_b";
+pub const ACCOUNT_A: &str = "acct_a";
+pub const ACCOUNT_B: &str = "acct_b";
+pub const LEASE: Duration = Duration::from_secs(30);
+pub const TTL: Duration = Duration::from_secs(24 * 3600);
+pub const BODY: &str = r#"{"amount": 100.00, "currency": "BRL"}"#;
+
+pub struct Settings {
+    pub latency: Duration,
+    pub fail_after_charge: u64,
+    pub max_body_bytes: usize,
+    pub idempotency: bool,
+    pub fingerprint: FingerprintMode,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            fail_after_charge: 0,
+            max_body_bytes: 64 * 1024,
+            idempotency: true,
+            fingerprint: FingerprintMode::CanonicalJson,
+        }
+    }
+}
+
+pub struct TestApp {
+    pub fs: FaultyStorage,
+    pub clock: ManualClock,
+    pub dir: PathBuf,
+    pub settings: Settings,
+    pub store: Store,
+    pub app: App,
+    pub router: Router,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:?} {}",
+            self.status,
+            self.headers,
+            String::from_utf8_lossy(&self.body)
+        )
+    }
+}
+
+impl TestApp {
+    pub fn new() -> Self {
+        Self::with(Settings::default())
+    }
+
+    pub fn with(settings: Settings) -> Self {
+        let fs = FaultyStorage::new();
+        let clock = ManualClock::new(1_700_000_000_000);
+        let dir = PathBuf::from("/data");
+        let (store, app, router) = build(&fs, &clock, &dir, &settings);
+        Self {
+            fs,
+            clock,
+            dir,
+            settings,
+            store,
+            app,
+            router,
+        }
+    }
+
+    /// Simulates a process crash (every handle of the old process dies; writes survive) and starts
+    /// a new process on the same data directory.
+    pub fn crash_and_restart(&mut self) {
+        self.fs.crash(idemlog::storage::CrashMode::ProcessOnly);
+        self.reopen();
+    }
+
+    /// Clean shutdown (close flushes and syncs) and a new process on the same data directory.
+    pub fn restart(&mut self) {
+        self.store.close().expect("close");
+        self.fs.crash(idemlog::storage::CrashMode::DropUnsynced);
+        self.reopen();
+    }
+
+    fn reopen(&mut self) {
+        let (store, app, router) = build(&self.fs, &self.clock, &self.dir, &self.settings);
+        self.store = store;
+        self.app = app;
+        self.router = router;
+    }
+
+    pub fn charges(&self) -> u64 {
+        self.app.gateway.charges_total()
+    }
+
+    pub fn outcome(&self, outcome: Outcome) -> u64 {
+        self.app
+            .idempotency
+            .as_ref()
+            .map_or(0, |layer| layer.counts().get(outcome))
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Reply {
+        send(&self.router, request).await
+    }
+
+    pub async fn pay(&self, api_key: &str, idempotency_key: &str, body: &str) -> Reply {
+        self.send(payment(api_key, Some(idempotency_key), body))
+            .await
+    }
+
+    pub async fn get(&self, api_key: &str, path: &str) -> Reply {
+        let request = Request::get(path)
+            .header("authorization", format!("Bearer {api_key}"))
+            .body(Body::empty())
+            .expect("request");
+        self.send(request).await
+    }
+
+    /// Waits (bounded) until the layer's spawned tasks are done.
+    pub async fn idle(&self) {
+        if let Some(layer) = &self.app.idempotency {
+            tokio::time::timeout(Duration::from_secs(10), layer.in_flight().wait_idle())
+                .await
+                .expect("in-flight requests finish");
+        }
+    }
+}
+
+fn build(
+    fs: &FaultyStorage,
+    clock: &ManualClock,
+    dir: &PathBuf,
+    settings: &Settings,
+) -> (Store, App, Router) {
+    let options = Options::default()
+        .storage(Arc::new(fs.clone()))
+        .clock(Arc::new(clock.clone()))
+        .lease(LEASE)
+        .durability(Durability::Sync)
+        .max_value_bytes(64 * 1024);
+    let store = Store::open(dir, options).expect("open store");
+    let keys = ApiKeys::new(&[
+        (KEY_A.into(), ACCOUNT_A.into()),
+        (KEY_B.into(), ACCOUNT_B.into()),
+    ])
+    .expect("keys");
+    let config = AppConfig {
+        key_ttl: TTL,
+        lease: LEASE,
+        max_body_bytes: settings.max_body_bytes,
+        max_response_bytes: 64 * 1024,
+        fingerprint: settings.fingerprint,
+        gateway_latency: settings.latency,
+        gateway_fail_after_charge: settings.fail_after_charge,
+        idempotency: settings.idempotency,
+        clock: Arc::new(clock.clone()),
+    };
+    let app_state = App::new(store.clone(), keys, &config).expect("app");
+    let router = app(&app_state);
+    (store, app_state, router)
+}
+
+pub fn payment(api_key: &str, idempotency_key: Option<&str>, body: &str) -> Request<Body> {
+    let mut builder = Request::post("/payments")
+        .header("authorization", format!("Bearer {api_key}"))
+        .header("content-type", "application/json");
+    if let Some(key) = idempotency_key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_owned())).expect("request")
+}
+
+pub async fn send(router: &Router, request: Request<Body>) -> Reply {
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body")
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
