@@ -41,12 +41,12 @@ pub struct Config {
 
     /// How long a completed (or claimed) Idempotency-Key is remembered; the fake provider remembers
     /// its derived key for as long.
-    #[arg(long, env = "IDEMLOG_KEY_TTL", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, env = "IDEMLOG_KEY_TTL", default_value = "24h", value_parser = parse_positive_duration)]
     pub key_ttl: Duration,
 
     /// How long a claim holds its key before a retry may take it over (the holder renews it while
     /// its handler runs, so only a dead holder loses it).
-    #[arg(long, env = "IDEMLOG_LEASE", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "IDEMLOG_LEASE", default_value = "30s", value_parser = parse_positive_duration)]
     pub lease: Duration,
 
     /// When a write must be on disk before the request is answered.
@@ -54,7 +54,7 @@ pub struct Config {
     pub durability: DurabilityArg,
 
     /// fdatasync interval for `--durability periodic`.
-    #[arg(long, env = "IDEMLOG_SYNC_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    #[arg(long, env = "IDEMLOG_SYNC_INTERVAL", default_value = "100ms", value_parser = parse_positive_duration)]
     pub sync_interval: Duration,
 
     /// Largest request body accepted on idempotent routes (bytes); larger is 413.
@@ -129,7 +129,7 @@ impl Config {
     }
 }
 
-/// Parses `250ms`, `2s`, `30s`, `5m`, `24h`, `7d`.
+/// Parses `250ms`, `2s`, `30s`, `5m`, `24h`, `7d` (and `0ms`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -154,10 +154,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let ms = n
         .checked_mul(per_unit_ms)
         .ok_or_else(|| format!("duration {text:?} is too long"))?;
-    if ms == 0 {
+    Ok(Duration::from_millis(ms))
+}
+
+/// [`parse_duration`], refusing zero (TTLs, leases, intervals).
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
         return Err(format!("duration {text:?} must be at least 1ms"));
     }
-    Ok(Duration::from_millis(ms))
+    Ok(d)
 }
 
 /// Parses `KEY=ACCOUNT`: the key is visible ASCII, the account 1–255 visible ASCII characters (it
