@@ -144,6 +144,8 @@ pub enum Corruption {
     UnknownOpTag(u8),
     /// A frame passed its checksum but its operations do not decode.
     Malformed(&'static str),
+    /// A segment the MANIFEST lists does not exist.
+    MissingSegment,
     /// Damage before the tail: a later frame proves that the damaged bytes had been made durable.
     DamagedDurableData,
 }
@@ -166,6 +168,7 @@ impl fmt::Display for Corruption {
             Corruption::UnknownFrameTag(t) => write!(f, "unknown frame tag {t:#04x}"),
             Corruption::UnknownOpTag(t) => write!(f, "unknown operation tag {t:#04x}"),
             Corruption::Malformed(what) => write!(f, "malformed frame: {what}"),
+            Corruption::MissingSegment => f.write_str("segment listed in MANIFEST is missing"),
             Corruption::DamagedDurableData => f.write_str(
                 "damaged frame before the tail (a later frame shows these bytes had been synced)",
             ),

@@ -46,10 +46,13 @@
 mod claim;
 mod clock;
 mod codec;
+mod compaction;
 mod error;
 mod index;
 mod limits;
 mod log;
+mod maintenance;
+mod manifest;
 #[doc(hidden)]
 pub mod model;
 mod options;
@@ -62,9 +65,10 @@ mod store;
 
 pub use claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use compaction::CompactionReport;
 pub use error::{Corruption, Error, Result};
 pub use limits::{MAX_KEY, MAX_SCOPE, MAX_VALUE};
-pub use options::{Durability, Options};
+pub use options::{CompactionPolicy, Durability, Options};
 pub use record::{Record, RecordState};
 pub use recovery::{RecoveryReport, TornTail};
 pub use response::StoredResponse;

@@ -2,7 +2,8 @@
 //!
 //! Not part of the stable API: it exists so that the engine's proptest and the fuzz target drive the
 //! same model. A [`Simulation`] runs [`Step`]s — claims, completions, releases, extensions, clock
-//! moves, clean reopens, crashes (process, power loss, torn tail) and injected I/O failures — against
+//! moves, clean reopens, crashes (process, power loss, torn tail), injected I/O failures, sweeps and
+//! compactions — against
 //! a [`Store`] on [`FaultyStorage`] and against a plain in-memory model, and reports the first
 //! observation where they differ. After every crash it checks that every acknowledged operation is
 //! still there. Durability is `Sync`, so every acknowledged operation must survive every crash mode.
@@ -92,6 +93,10 @@ pub enum Step {
     FailSync,
     /// The next write fails.
     FailWrite,
+    /// Compact now.
+    Compact,
+    /// Sweep expired records out of memory.
+    Sweep,
 }
 
 impl Step {
@@ -101,7 +106,7 @@ impl Step {
         let mut it = bytes.iter().copied();
         while let Some(tag) = it.next() {
             let mut next = || it.next().unwrap_or(0);
-            let step = match tag % 16 {
+            let step = match tag % 18 {
                 0..=4 => Step::Claim {
                     scope: next(),
                     key: next(),
@@ -127,6 +132,8 @@ impl Step {
                 14 => Step::Crash {
                     mode: u64::from(next()),
                 },
+                16 => Step::Compact,
+                17 => Step::Sweep,
                 _ => {
                     if next() % 2 == 0 {
                         Step::FailSync
@@ -235,6 +242,11 @@ impl Simulation {
         sim
     }
 
+    /// The simulated file system (for debugging a failing sequence).
+    pub fn storage(&self) -> &FaultyStorage {
+        &self.fs
+    }
+
     fn options(&self) -> Options {
         Options::default()
             .storage(Arc::new(self.fs.clone()))
@@ -242,6 +254,7 @@ impl Simulation {
             .durability(Durability::Sync)
             .lease(LEASE)
             .segment_size(self.segment_size)
+            .compaction(None)
     }
 
     fn open_store(&self) -> crate::Result<Store> {
@@ -305,6 +318,11 @@ impl Simulation {
                 self.fs.fail_write_after(1);
                 Ok(())
             }
+            Step::Compact => self.compact(),
+            Step::Sweep => {
+                self.store().sweep();
+                Ok(())
+            }
         }
     }
 
@@ -313,15 +331,33 @@ impl Simulation {
         if self.poisoned {
             return Ok(());
         }
+        let store = self.store().clone();
+        self.check_all_in(&store)
+    }
+
+    /// Opens a copy of the file system after a simulated power loss and checks that it holds exactly
+    /// the model: every acknowledged operation survived. Skipped while an operation is in doubt.
+    pub fn probe_power_loss(&self) -> Result<(), String> {
+        if self.poisoned || self.in_doubt.is_some() {
+            return Ok(());
+        }
+        let fork = self.fs.fork();
+        fork.crash(CrashMode::DropUnsynced);
+        let options = self.options().storage(Arc::new(fork));
+        let store = Store::open(&self.dir, options).map_err(|e| format!("probe open: {e}"))?;
+        self.check_all_in(&store)
+            .map_err(|e| format!("after a power loss here: {e}"))
+    }
+
+    fn check_all_in(&self, store: &Store) -> Result<(), String> {
         for scope in 0..SCOPES.len() {
             for key in 0..KEYS.len() {
-                self.check_key((scope, key))?;
+                self.check_key_in(store, (scope, key))?;
             }
         }
         for key in 0..KEYS.len() {
             let name = side_key(key);
-            let found = self
-                .store()
+            let found = store
                 .side_get(SIDE_NS.as_bytes(), name.as_bytes())
                 .map_err(|e| format!("side_get {name}: {e}"))?;
             if found.as_ref() != self.model.side.get(&name) {
@@ -361,6 +397,21 @@ impl Simulation {
             self.in_doubt = doubt;
         }
         Ok(())
+    }
+
+    /// Compaction changes no logical content. An injected fault may make it fail: before its switch
+    /// that leaves the store running, during it the store is poisoned; nothing is in doubt either way.
+    fn compact(&mut self) -> Result<(), String> {
+        match self.store().compact() {
+            Ok(_) if self.poisoned => Err("compact succeeded on a poisoned store".into()),
+            Ok(_) => Ok(()),
+            Err(e) if e.is_poisoned() => {
+                self.poisoned = true;
+                Ok(())
+            }
+            Err(crate::Error::Io { .. }) if !self.poisoned => Ok(()),
+            Err(e) => Err(format!("compact: {e}")),
+        }
     }
 
     fn claim(&mut self, scope: usize, key: usize, fp: u8, ttl_s: u64) -> Result<(), String> {
@@ -562,10 +613,13 @@ impl Simulation {
 
     /// Compares what `get` shows for one key with the model.
     fn check_key(&mut self, id: (usize, usize)) -> Result<(), String> {
+        let store = self.store().clone();
+        self.check_key_in(&store, id)
+    }
+
+    fn check_key_in(&self, store: &Store, id: (usize, usize)) -> Result<(), String> {
         let now = self.now();
-        let got = self
-            .store()
-            .get(SCOPES[id.0].as_bytes(), KEYS[id.1].as_bytes());
+        let got = store.get(SCOPES[id.0].as_bytes(), KEYS[id.1].as_bytes());
         let got = match got {
             Err(e) if e.is_poisoned() && self.poisoned => return Ok(()),
             Err(e) => return Err(format!("get {id:?}: {e}")),

@@ -28,6 +28,29 @@ pub enum Durability {
     None,
 }
 
+/// When the maintenance thread sweeps expired records out of memory and compacts on its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompactionPolicy {
+    /// How often to sweep and check the trigger (5 s by default).
+    pub interval: Duration,
+    /// Compact when at least this share of the sealed segments' bytes is garbage: expired, released
+    /// or superseded records (0.5 by default) ...
+    pub garbage_ratio: f64,
+    /// ... and at least this many bytes are garbage (64 MiB by default), so small stores are left
+    /// alone.
+    pub min_garbage_bytes: u64,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            garbage_ratio: 0.5,
+            min_garbage_bytes: 64 << 20,
+        }
+    }
+}
+
 /// Options for [`crate::Store::open`].
 #[derive(Clone)]
 pub struct Options {
@@ -40,6 +63,9 @@ pub struct Options {
     pub segment_size: u32,
     /// Largest response body or side value accepted (4 MiB by default, at most 16 MiB).
     pub max_value_bytes: usize,
+    /// Background sweeping and compaction; `None` leaves both to explicit [`crate::Store::sweep`]
+    /// and [`crate::Store::compact`] calls.
+    pub compaction: Option<CompactionPolicy>,
     /// Source of time for TTLs and leases.
     pub clock: Arc<dyn Clock>,
     /// File system access.
@@ -53,6 +79,7 @@ impl Default for Options {
             lease: Duration::from_secs(30),
             segment_size: 64 << 20,
             max_value_bytes: 4 << 20,
+            compaction: Some(CompactionPolicy::default()),
             clock: Arc::new(SystemClock),
             storage: Arc::new(FsStorage),
         }
@@ -66,6 +93,7 @@ impl std::fmt::Debug for Options {
             .field("lease", &self.lease)
             .field("segment_size", &self.segment_size)
             .field("max_value_bytes", &self.max_value_bytes)
+            .field("compaction", &self.compaction)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +126,12 @@ impl Options {
         self
     }
 
+    /// Sets (or, with `None`, disables) background sweeping and compaction.
+    pub fn compaction(mut self, policy: Option<CompactionPolicy>) -> Self {
+        self.compaction = policy;
+        self
+    }
+
     /// Injects a clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -126,6 +160,14 @@ impl Options {
                 "max_value_bytes {} exceeds the format's {MAX_VALUE}",
                 self.max_value_bytes
             )));
+        }
+        if let Some(policy) = &self.compaction
+            && (policy.interval < Duration::from_millis(1)
+                || !(0.0..=1.0).contains(&policy.garbage_ratio))
+        {
+            return Err(Error::InvalidOptions(
+                "compaction interval must be at least 1 ms and garbage_ratio within 0..=1".into(),
+            ));
         }
         let min_segment = 4096;
         let max_segment = 1 << 30;

@@ -1,12 +1,14 @@
 //! Opening: scan every segment, verify every checksum, rebuild the index, cut a torn tail.
 //!
 //! Rules (the argument for them is in `FORMAT.md`):
-//! - Segments are replayed in id order, frames in file order, the operations of a frame together.
+//! - The manifest names the compacted base segments; they are replayed first, then the log segments
+//!   from `first_tail` on in id order; frames in file order, the operations of a frame together.
+//!   Every other segment file is the garbage of an interrupted compaction and is deleted.
 //! - Damage (a short or checksum-failing frame) in any segment but the last is corruption: older
 //!   segments were fully synced before a newer one was created.
 //! - Damage in the last segment is a torn tail, cut off, unless a later intact frame carries a sync
 //!   mark beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
-//! - The last segment is fdatasync'ed before the store serves anything: a crashed process may have
+//! - The last segment and the directory are synced before the store serves anything: a crashed process may have
 //!   left frames in the page cache that were never synced, and they are about to become visible.
 //! - A frame whose checksums hold but whose tag or operations this build does not understand is an
 //!   error, never skipped: it is data someone wrote.
@@ -19,9 +21,10 @@ use crate::error::{Corruption, Error, Result};
 use crate::index::{self, Entry, Shard, Sharded, SideEntry};
 use crate::log::frame::{self, FrameDamage, TAG_OPS};
 use crate::log::op::{self, Op, OpError};
-use crate::log::segment::{self, Loc};
+use crate::log::segment::{self, Kind, Loc};
 use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::create_segment;
+use crate::manifest::Manifest;
 use crate::storage::Storage;
 
 /// What opening found and did.
@@ -82,46 +85,93 @@ impl Replay<'_> {
     }
 }
 
-/// Segment ids present in `dir`, ascending.
-pub(crate) fn segment_ids(storage: &dyn Storage, dir: &Path) -> Result<Vec<u32>> {
-    let mut ids: Vec<u32> = storage
-        .list(dir)
-        .map_err(|e| Error::io("list", dir, e))?
-        .iter()
-        .filter_map(|name| segment::parse_file_name(name))
-        .collect();
-    ids.sort_unstable();
-    Ok(ids)
+/// Which files of a data directory are replayed, in what order, and which are garbage.
+pub(crate) struct Layout {
+    pub(crate) manifest: Manifest,
+    /// Compacted segments, in replay order.
+    pub(crate) base: Vec<u32>,
+    /// Log segments at or after `first_tail`, ascending; the last one is the active segment.
+    pub(crate) tail: Vec<u32>,
+    /// Leftovers of interrupted compactions and atomic writes.
+    pub(crate) garbage: Vec<PathBuf>,
+    /// The largest segment id present, live or not.
+    pub(crate) max_id: u32,
 }
 
-/// Replays every segment in `dir` into `replay` and registers the segments in `segments`.
+impl Layout {
+    /// Reads the manifest and classifies every file in `dir`; changes nothing.
+    pub(crate) fn read(storage: &dyn Storage, dir: &Path) -> Result<Self> {
+        let manifest = Manifest::load(storage, dir)?;
+        let mut layout = Layout {
+            base: manifest.base.clone(),
+            manifest,
+            tail: Vec::new(),
+            garbage: Vec::new(),
+            max_id: 0,
+        };
+        let mut compacted = Vec::new();
+        for name in storage.list(dir).map_err(|e| Error::io("list", dir, e))? {
+            if name.ends_with(".tmp") {
+                layout.garbage.push(dir.join(name));
+                continue;
+            }
+            let Some((id, kind)) = segment::parse_file_name(&name) else {
+                continue;
+            };
+            layout.max_id = layout.max_id.max(id);
+            match kind {
+                Kind::Compacted if layout.base.contains(&id) => compacted.push(id),
+                Kind::Log if id >= layout.manifest.first_tail => layout.tail.push(id),
+                _ => layout.garbage.push(dir.join(name)),
+            }
+        }
+        if let Some(missing) = layout.base.iter().find(|id| !compacted.contains(id)) {
+            return Err(Error::corrupt(
+                dir.join(segment::file_name(*missing, Kind::Compacted)),
+                0,
+                Corruption::MissingSegment,
+            ));
+        }
+        layout.tail.sort_unstable();
+        Ok(layout)
+    }
+
+    /// Every live segment in replay order.
+    pub(crate) fn replay_order(&self) -> impl Iterator<Item = (u32, Kind)> + '_ {
+        let base = self.base.iter().map(|&id| (id, Kind::Compacted));
+        base.chain(self.tail.iter().map(|&id| (id, Kind::Log)))
+    }
+}
+
+/// Replays every live segment in `dir` into `replay`, registers them in `segments`, and deletes the
+/// garbage of interrupted compactions.
 pub(crate) fn recover(
     storage: &dyn Storage,
     dir: &Path,
     segments: &Segments,
     replay: &mut Replay<'_>,
 ) -> Result<Recovered> {
-    let ids = segment_ids(storage, dir)?;
+    let layout = Layout::read(storage, dir)?;
+    segments.reserve_above(layout.max_id);
+    replay.next_fence = replay.next_fence.max(layout.manifest.fence_floor);
+    collect_garbage(storage, dir, &layout.garbage)?;
     let mut report = RecoveryReport::default();
-    let Some(&last) = ids.last() else {
-        let active = create_segment(storage, segments, dir, 1)?;
-        return Ok(Recovered {
-            active,
-            active_len: segment::HEADER_LEN as u32,
-            next_fence: replay.next_fence,
-            report,
-        });
-    };
+    let active_id = layout.tail.last().copied();
     let mut active_len = 0;
-    for &id in &ids {
-        let path = segments.path(id);
+    for (id, kind) in layout.replay_order() {
+        let path = segments.path(id, kind);
         let file = storage
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
-        let segment = SegmentFile { id, path, file };
-        let is_last = id == last;
-        let len = replay_segment(&segment, is_last, replay, &mut report)?;
-        if is_last {
+        let segment = SegmentFile {
+            id,
+            kind,
+            path,
+            file,
+        };
+        let is_active = Some(id) == active_id && kind == Kind::Log;
+        let len = replay_segment(&segment, is_active, replay, &mut report)?;
+        if is_active {
             // What we just replayed may still be only in the page cache, left by a process that
             // crashed before its fdatasync. Records served from now on must be durable, so sync it.
             segment
@@ -138,18 +188,49 @@ pub(crate) fn recover(
         segments.insert(segment);
         report.segments += 1;
     }
+    // A crashed process may have created the active segment without making its directory entry
+    // durable (the crash came before `create_segment` synced the directory); appends are about to be
+    // acknowledged in it, so the entry must survive a power loss.
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))?;
+    let (active, active_len) = match active_id {
+        Some(id) => (segments.get(id), active_len),
+        None => {
+            let id = segments.allocate_id();
+            let active = create_segment(storage, segments, dir, id)?;
+            (active, segment::HEADER_LEN as u32)
+        }
+    };
     Ok(Recovered {
-        active: segments.get(last),
+        active,
         active_len,
         next_fence: replay.next_fence,
         report,
     })
 }
 
+fn collect_garbage(storage: &dyn Storage, dir: &Path, garbage: &[PathBuf]) -> Result<()> {
+    if garbage.is_empty() {
+        return Ok(());
+    }
+    for path in garbage {
+        match storage.remove(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io("remove", path, e));
+            }
+            _ => {}
+        }
+    }
+    storage
+        .sync_dir(dir)
+        .map_err(|e| Error::io("sync directory", dir, e))
+}
+
 /// Replays one segment; returns its valid length (after cutting a torn tail).
 fn replay_segment(
     segment: &SegmentFile,
-    is_last: bool,
+    is_active: bool,
     replay: &mut Replay<'_>,
     report: &mut RecoveryReport,
 ) -> Result<u32> {
@@ -173,7 +254,7 @@ fn replay_segment(
     if let Err(reason) = segment::check_header(&data, segment.id) {
         // The header is synced before any frame is written, so in the last segment a bad header with
         // no intact frame after it is a crash during segment creation: nothing here was acknowledged.
-        if is_last && !later_frame_proves_durable(&data, 0) {
+        if is_active && !later_frame_proves_durable(&data, 0) {
             return reinitialize(segment, report, file_len);
         }
         return Err(Error::corrupt(path, 0, reason));
@@ -185,7 +266,7 @@ fn replay_segment(
             Ok(frame) => frame,
             Err(damage) => {
                 let reason = damage_reason(damage);
-                if !is_last {
+                if !is_active {
                     return Err(Error::corrupt(path, offset as u64, reason));
                 }
                 if later_frame_proves_durable(&data, offset) {

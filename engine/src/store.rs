@@ -26,6 +26,7 @@ use crate::log::op::{self, Head, NEVER, Op, Response};
 use crate::log::segment::Loc;
 use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::LogWriter;
+use crate::maintenance::Maintenance;
 use crate::options::Options;
 use crate::record::{Record, RecordState};
 use crate::recovery::{self, RecoveryReport, Replay};
@@ -41,21 +42,26 @@ const SHARDS: usize = 64;
 /// An open idempotency store. Cheap to clone; clones share one store.
 #[derive(Clone)]
 pub struct Store {
-    inner: Arc<Inner>,
+    core: Arc<Core>,
+    threads: Arc<Threads>,
 }
 
-struct Inner {
-    dir: PathBuf,
-    options: Options,
-    lease_ms: u64,
-    segments: Arc<Segments>,
-    writer: Arc<LogWriter>,
-    records: Sharded<Entry>,
-    side: Mutex<Shard<SideEntry>>,
-    next_fence: AtomicU64,
-    flusher: Mutex<Option<Flusher>>,
-    closed: AtomicBool,
-    report: RecoveryReport,
+/// The shared state of a store; the background threads hold it too.
+pub(crate) struct Core {
+    pub(crate) dir: PathBuf,
+    pub(crate) options: Options,
+    pub(crate) lease_ms: u64,
+    pub(crate) segments: Arc<Segments>,
+    pub(crate) writer: Arc<LogWriter>,
+    pub(crate) records: Sharded<Entry>,
+    pub(crate) side: Mutex<Shard<SideEntry>>,
+    pub(crate) next_fence: AtomicU64,
+    pub(crate) closed: AtomicBool,
+    pub(crate) report: RecoveryReport,
+    /// Held for the whole of a compaction: one at a time.
+    pub(crate) compaction: Mutex<()>,
+    pub(crate) compactions: AtomicU64,
+    pub(crate) compaction_failures: AtomicU64,
     _lock: Box<dyn LockGuard>,
 }
 
@@ -117,45 +123,55 @@ impl Store {
             recovered.active_len,
         ));
         let flusher = Flusher::start(&writer, options.durability);
-        let store = Store {
-            inner: Arc::new(Inner {
-                dir,
-                lease_ms: duration_ms(options.lease),
-                options,
-                segments,
-                writer,
-                records,
-                side: Mutex::new(side),
-                next_fence: AtomicU64::new(recovered.next_fence),
-                flusher: Mutex::new(flusher),
-                closed: AtomicBool::new(false),
-                report: recovered.report,
-                _lock: lock,
-            }),
-        };
-        store.sweep();
-        Ok(store)
+        let core = Arc::new(Core {
+            dir,
+            lease_ms: duration_ms(options.lease),
+            options,
+            segments,
+            writer,
+            records,
+            side: Mutex::new(side),
+            next_fence: AtomicU64::new(recovered.next_fence),
+            closed: AtomicBool::new(false),
+            report: recovered.report,
+            compaction: Mutex::new(()),
+            compactions: AtomicU64::new(0),
+            compaction_failures: AtomicU64::new(0),
+            _lock: lock,
+        });
+        core.sweep();
+        let maintenance = Maintenance::start(&core);
+        let threads = Arc::new(Threads {
+            core: Arc::clone(&core),
+            flusher: Mutex::new(flusher),
+            maintenance: Mutex::new(maintenance),
+        });
+        Ok(Store { core, threads })
     }
 
     /// What opening found: segments and frames replayed, and any torn tail cut off.
     pub fn recovery_report(&self) -> &RecoveryReport {
-        &self.inner.report
+        &self.core.report
     }
 
     /// The data directory.
     pub fn dir(&self) -> &Path {
-        &self.inner.dir
+        &self.core.dir
+    }
+
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
     }
 
     fn now(&self) -> u64 {
-        self.inner.options.clock.now_ms()
+        self.core.options.clock.now_ms()
     }
 
     fn check_usable(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.core.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        self.inner.writer.check_poisoned()
+        self.core.writer.check_poisoned()
     }
 
     /// Atomically claims `(scope, key)` for a request with this fingerprint.
@@ -177,21 +193,21 @@ impl Store {
         if ttl_ms == 0 {
             return Err(Error::InvalidArgument("ttl must be at least 1 ms"));
         }
-        let inner = &*self.inner;
+        let core = &*self.core;
         let now = self.now();
         let id = record_key(scope, key);
-        let mut map = inner.records.shard(id.as_bytes()).lock();
+        let mut map = core.records.shard(id.as_bytes()).lock();
         let takeover = match map.get(id.as_bytes()) {
             Some(entry) if entry.is_live(now) => {
                 let seen = *entry;
                 if seen.fingerprint != fingerprint.0 {
                     drop(map);
-                    inner.writer.wait_visible(seen.loc.end())?;
+                    core.writer.wait_visible(seen.loc.end())?;
                     return Ok(ClaimOutcome::Mismatch);
                 }
                 match seen.lease_until {
                     None => {
-                        let file = inner.segments.get(seen.loc.segment);
+                        let file = core.segments.get(seen.loc.segment);
                         drop(map);
                         return self
                             .read_response(&file, seen.loc)
@@ -199,7 +215,7 @@ impl Store {
                     }
                     Some(lease) if lease.get() > now => {
                         drop(map);
-                        inner.writer.wait_visible(seen.loc.end())?;
+                        core.writer.wait_visible(seen.loc.end())?;
                         return Ok(ClaimOutcome::InProgress {
                             retry_after: Duration::from_millis(lease.get() - now),
                         });
@@ -210,7 +226,7 @@ impl Store {
             Some(_) => Some(Takeover::Expired),
             None => None,
         };
-        let fence = inner.next_fence.fetch_add(1, Ordering::Relaxed);
+        let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
         let op = Op::InProgress {
             head: Head {
                 scope,
@@ -220,13 +236,13 @@ impl Store {
                 created_at: now,
                 expires_at: now.saturating_add(ttl_ms),
             },
-            lease_until: now.saturating_add(inner.lease_ms),
+            lease_until: now.saturating_add(core.lease_ms),
         };
         let mut locs = Vec::with_capacity(1);
-        let appended = inner.writer.append(&[op], &mut locs)?;
+        let appended = core.writer.append(&[op], &mut locs)?;
         index::apply_record(&mut map, &op, locs[0]);
         drop(map);
-        inner.writer.commit(appended)?;
+        core.writer.commit(appended)?;
         Ok(ClaimOutcome::Acquired(ClaimToken {
             id: id.as_bytes().into(),
             fence,
@@ -244,13 +260,13 @@ impl Store {
         side: &[SideWrite],
     ) -> Result<()> {
         self.check_usable()?;
-        let inner = &*self.inner;
-        limits::check_response(response, inner.options.max_value_bytes)?;
+        let core = &*self.core;
+        limits::check_response(response, core.options.max_value_bytes)?;
         for write in side {
-            limits::check_side_write(write, inner.options.max_value_bytes)?;
+            limits::check_side_write(write, core.options.max_value_bytes)?;
         }
         let now = self.now();
-        let mut map = inner.records.shard(&token.id).lock();
+        let mut map = core.records.shard(&token.id).lock();
         let held = held(&map, token, now)?;
         let mut ops = Vec::with_capacity(1 + side.len());
         ops.push(Op::Completed {
@@ -258,9 +274,9 @@ impl Store {
             response: Response::Value(response),
         });
         ops.extend(side.iter().map(|w| side_op(w, now)));
-        let mut side_map = (!side.is_empty()).then(|| inner.side.lock());
+        let mut side_map = (!side.is_empty()).then(|| core.side.lock());
         let mut locs = Vec::with_capacity(ops.len());
-        let appended = inner.writer.append(&ops, &mut locs)?;
+        let appended = core.writer.append(&ops, &mut locs)?;
         index::apply_record(&mut map, &ops[0], locs[0]);
         if let Some(side_map) = side_map.as_mut() {
             for (op, loc) in ops.iter().zip(&locs).skip(1) {
@@ -269,15 +285,15 @@ impl Store {
         }
         drop(side_map);
         drop(map);
-        inner.writer.commit(appended)
+        core.writer.commit(appended)
     }
 
     /// Gives up a held claim (the handler failed with a 5xx): the key is free again at once.
     pub fn release(&self, token: &ClaimToken) -> Result<()> {
         self.check_usable()?;
-        let inner = &*self.inner;
+        let core = &*self.core;
         let now = self.now();
-        let mut map = inner.records.shard(&token.id).lock();
+        let mut map = core.records.shard(&token.id).lock();
         held(&map, token, now)?;
         let (scope, key) = split_record_key(&token.id);
         let op = Op::Released {
@@ -286,29 +302,29 @@ impl Store {
             fence: token.fence,
         };
         let mut locs = Vec::with_capacity(1);
-        let appended = inner.writer.append(&[op], &mut locs)?;
+        let appended = core.writer.append(&[op], &mut locs)?;
         index::apply_record(&mut map, &op, locs[0]);
         drop(map);
-        inner.writer.commit(appended)
+        core.writer.commit(appended)
     }
 
     /// Renews a held claim's lease (a heartbeat for long handlers); returns the new lease length.
     pub fn extend(&self, token: &ClaimToken) -> Result<Duration> {
         self.check_usable()?;
-        let inner = &*self.inner;
+        let core = &*self.core;
         let now = self.now();
-        let mut map = inner.records.shard(&token.id).lock();
+        let mut map = core.records.shard(&token.id).lock();
         let held = held(&map, token, now)?;
         let op = Op::InProgress {
             head: head_of(&held, &token.id),
-            lease_until: now.saturating_add(inner.lease_ms),
+            lease_until: now.saturating_add(core.lease_ms),
         };
         let mut locs = Vec::with_capacity(1);
-        let appended = inner.writer.append(&[op], &mut locs)?;
+        let appended = core.writer.append(&[op], &mut locs)?;
         index::apply_record(&mut map, &op, locs[0]);
         drop(map);
-        inner.writer.commit(appended)?;
-        Ok(inner.options.lease)
+        core.writer.commit(appended)?;
+        Ok(core.options.lease)
     }
 
     /// The live record for `(scope, key)`, if any.
@@ -317,15 +333,15 @@ impl Store {
         limits::check_record_key(scope, key)?;
         let now = self.now();
         let id = record_key(scope, key);
-        let map = self.inner.records.shard(id.as_bytes()).lock();
+        let map = self.core.records.shard(id.as_bytes()).lock();
         let Some(entry) = map.get(id.as_bytes()).filter(|e| e.is_live(now)).copied() else {
             return Ok(None);
         };
-        let file = self.inner.segments.get(entry.loc.segment);
+        let file = self.core.segments.get(entry.loc.segment);
         drop(map);
         let state = match entry.lease_until {
             Some(lease) => {
-                self.inner.writer.wait_visible(entry.loc.end())?;
+                self.core.writer.wait_visible(entry.loc.end())?;
                 RecordState::InProgress {
                     lease_until_ms: lease.get(),
                 }
@@ -347,11 +363,11 @@ impl Store {
         limits::check_side_key(namespace, key)?;
         let now = self.now();
         let id = side_key(namespace, key);
-        let map = self.inner.side.lock();
+        let map = self.core.side.lock();
         let Some(entry) = map.get(id.as_bytes()).filter(|e| e.is_live(now)).copied() else {
             return Ok(None);
         };
-        let file = self.inner.segments.get(entry.loc.segment);
+        let file = self.core.segments.get(entry.loc.segment);
         drop(map);
         let bytes = self.read_op(&file, entry.loc)?;
         match op::decode_at(&bytes) {
@@ -363,69 +379,58 @@ impl Store {
     /// Applies side-record writes as one atomic append.
     pub fn side_write(&self, writes: &[SideWrite]) -> Result<()> {
         self.check_usable()?;
-        let inner = &*self.inner;
+        let core = &*self.core;
         if writes.is_empty() {
             return Ok(());
         }
         for write in writes {
-            limits::check_side_write(write, inner.options.max_value_bytes)?;
+            limits::check_side_write(write, core.options.max_value_bytes)?;
         }
         let now = self.now();
         let ops: Vec<Op<'_>> = writes.iter().map(|w| side_op(w, now)).collect();
-        let mut map = inner.side.lock();
+        let mut map = core.side.lock();
         let mut locs = Vec::with_capacity(ops.len());
-        let appended = inner.writer.append(&ops, &mut locs)?;
+        let appended = core.writer.append(&ops, &mut locs)?;
         for (op, loc) in ops.iter().zip(&locs) {
             index::apply_side(&mut map, op, *loc);
         }
         drop(map);
-        inner.writer.commit(appended)
+        core.writer.commit(appended)
     }
 
     /// Makes everything appended so far durable, whatever the durability mode.
     pub fn sync(&self) -> Result<()> {
         self.check_usable()?;
-        self.inner.writer.sync_all()
+        self.core.writer.sync_all()
     }
 
     /// Removes records and side records whose TTL has passed from memory; returns how many. Their
-    /// bytes on disk are reclaimed by compaction.
+    /// bytes on disk are reclaimed by compaction. The maintenance thread does this periodically.
     pub fn sweep(&self) -> usize {
-        let now = self.now();
-        let mut removed = 0;
-        for shard in self.inner.records.shards() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|_, e| e.is_live(now));
-            removed += before - map.len();
-        }
-        let mut side = self.inner.side.lock();
-        let before = side.len();
-        side.retain(|_, e| e.is_live(now));
-        removed + before - side.len()
+        self.core.sweep()
     }
 
     /// Current counts.
     pub fn stats(&self) -> Stats {
         let now = self.now();
         let mut stats = Stats::default();
-        for shard in self.inner.records.shards() {
+        for shard in self.core.records.shards() {
             for entry in shard.lock().values().filter(|e| e.is_live(now)) {
                 stats.records += 1;
                 stats.in_progress += usize::from(entry.lease_until.is_some());
             }
         }
         stats.side_records = self
-            .inner
+            .core
             .side
             .lock()
             .values()
             .filter(|e| e.is_live(now))
             .count();
-        let segments = self.inner.segments.all();
+        let segments = self.core.segments.all();
         stats.segments = segments.len();
         stats.disk_bytes = segments.iter().filter_map(|s| s.file.size().ok()).sum();
-        let counters = &self.inner.writer.counters;
+        let counters = &self.core.writer.counters;
         stats.frames_appended = counters.frames.load(Ordering::Relaxed);
         stats.bytes_appended = counters.bytes.load(Ordering::Relaxed);
         stats.writes = counters.writes.load(Ordering::Relaxed);
@@ -436,18 +441,16 @@ impl Store {
     /// Flushes and syncs everything, stops the background thread, and makes every handle of this
     /// store fail with [`Error::Closed`]. The directory lock is released when the last handle drops.
     pub fn close(&self) -> Result<()> {
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
+        if self.core.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        if let Some(mut flusher) = self.inner.flusher.lock().take() {
-            flusher.stop();
-        }
-        self.inner.writer.check_poisoned()?;
-        self.inner.writer.sync_all()
+        self.threads.stop();
+        self.core.writer.check_poisoned()?;
+        self.core.writer.sync_all()
     }
 
     fn read_op(&self, file: &SegmentFile, loc: Loc) -> Result<Bytes> {
-        self.inner.writer.wait_visible(loc.end())?;
+        self.core.writer.wait_visible(loc.end())?;
         file.read(loc)
     }
 
@@ -463,14 +466,49 @@ impl Store {
     }
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
+impl Core {
+    /// Removes records and side records whose TTL has passed from memory; returns how many. Their
+    /// bytes on disk are reclaimed by compaction.
+    pub(crate) fn sweep(&self) -> usize {
+        let now = self.options.clock.now_ms();
+        let mut removed = 0;
+        for shard in self.records.shards() {
+            let mut map = shard.lock();
+            let before = map.len();
+            map.retain(|_, e| e.is_live(now));
+            removed += before - map.len();
+        }
+        let mut side = self.side.lock();
+        let before = side.len();
+        side.retain(|_, e| e.is_live(now));
+        removed + before - side.len()
+    }
+}
+
+/// The background threads of a store; the last handle to drop stops them and syncs the log.
+struct Threads {
+    core: Arc<Core>,
+    flusher: Mutex<Option<Flusher>>,
+    maintenance: Mutex<Option<Maintenance>>,
+}
+
+impl Threads {
+    fn stop(&self) {
+        if let Some(mut maintenance) = self.maintenance.lock().take() {
+            maintenance.stop();
+        }
         if let Some(mut flusher) = self.flusher.lock().take() {
             flusher.stop();
         }
-        if !self.closed.load(Ordering::Acquire) {
+    }
+}
+
+impl Drop for Threads {
+    fn drop(&mut self) {
+        self.stop();
+        if !self.core.closed.load(Ordering::Acquire) {
             // Best effort: a failure has poisoned the writer and there is no caller left to tell.
-            let _ = self.writer.sync_all();
+            let _ = self.core.writer.sync_all();
         }
     }
 }

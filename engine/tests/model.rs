@@ -1,5 +1,6 @@
 //! Model-based test: random sequences of claims, completions, releases, extensions, clock moves,
-//! reopens, crashes (process, power loss, torn tail) and failing writes or fsyncs, checked step by step
+//! reopens, crashes (process, power loss, torn tail), failing writes or fsyncs, sweeps and compactions,
+//! checked step by step
 //! against the in-memory reference model in `idemlog::model`. After every crash every acknowledged
 //! operation must be present, and an operation whose I/O failed must be entirely there or entirely
 //! absent.
@@ -8,6 +9,11 @@ use idemlog::model::{Simulation, Step};
 use proptest::prelude::*;
 
 fn step() -> impl Strategy<Value = Step> {
+    steps_weighted(1)
+}
+
+/// Steps with compaction `compact_weight` times as likely as a reopen.
+fn steps_weighted(compact_weight: u32) -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => (any::<u8>(), any::<u8>(), 0u8..3, any::<u8>())
             .prop_map(|(scope, key, fp, ttl)| Step::Claim { scope, key, fp, ttl }),
@@ -21,6 +27,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<u64>().prop_map(|mode| Step::Crash { mode: mode % 8 }),
         1 => Just(Step::FailSync),
         1 => Just(Step::FailWrite),
+        compact_weight => Just(Step::Compact),
+        1 => Just(Step::Sweep),
     ]
 }
 
@@ -44,22 +52,35 @@ proptest! {
     }
 
     #[test]
+    fn store_matches_model_through_many_compactions(
+        steps in prop::collection::vec(steps_weighted(4), 100..400)
+    ) {
+        run(&steps, 4096)?;
+    }
+
+    #[test]
     fn store_matches_model_with_large_segments(steps in prop::collection::vec(step(), 1..120)) {
         run(&steps, 1 << 20)?;
     }
 }
 
 #[test]
-fn decoded_byte_sequences_run_against_the_model() {
-    // The fuzz target's entry point, on a few fixed inputs.
-    for seed in 0u8..64 {
-        let bytes: Vec<u8> = (0..200u32)
-            .map(|i| (i as u8).wrapping_mul(seed).wrapping_add(seed))
+fn every_step_survives_a_power_loss() {
+    // Long pseudo-random sequences (the fuzz target's byte decoding), and after every single step a
+    // copy of the file system loses power and is reopened: it must hold exactly the model.
+    for seed in 0u32..48 {
+        let bytes: Vec<u8> = (0..1200u32)
+            .map(|i| {
+                (i.wrapping_mul(2_654_435_761)
+                    .wrapping_add(seed.wrapping_mul(40_503))
+                    >> 13) as u8
+            })
             .collect();
         let mut sim = Simulation::default();
-        for step in Step::decode_all(&bytes) {
-            sim.run(&step)
-                .unwrap_or_else(|e| panic!("seed {seed} {step:?}: {e}"));
+        for (i, step) in Step::decode_all(&bytes).iter().enumerate() {
+            sim.run(step)
+                .and_then(|()| sim.probe_power_loss())
+                .unwrap_or_else(|e| panic!("seed {seed} step {i} {step:?}: {e}"));
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Segment files: naming, the 32-byte header, and positions inside the log.
 //!
 //! ```text
-//! file name  {id:020}.seg      (decimal, zero-padded, so names sort like ids)
+//! file name  {id:020}.seg      written by the log writer (decimal, zero-padded: names sort like ids)
+//!            {id:020}.cseg     written by compaction; live only while the manifest lists it
 //! 0  [8] magic "IDEMLOG\0"
 //! 8  u32 format version (1)
 //! 12 u32 reserved, zero
@@ -19,23 +20,47 @@ pub(crate) const HEADER_LEN: usize = 32;
 const MAGIC: &[u8; 8] = b"IDEMLOG\0";
 /// The format version this build writes and reads.
 pub(crate) const VERSION: u32 = 1;
-const SUFFIX: &str = ".seg";
 
-/// The file name of segment `id`.
-pub(crate) fn file_name(id: u32) -> String {
-    format!("{id:020}{SUFFIX}")
+/// Who wrote a segment file, which decides how recovery treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// Appended by the log writer.
+    Log,
+    /// Written by compaction.
+    Compacted,
 }
 
-/// The id in a segment file name, or `None` for any other file.
-pub(crate) fn parse_file_name(name: &str) -> Option<u32> {
-    let digits = name.strip_suffix(SUFFIX)?;
+impl Kind {
+    fn suffix(self) -> &'static str {
+        match self {
+            Kind::Log => ".seg",
+            Kind::Compacted => ".cseg",
+        }
+    }
+}
+
+/// The file name of segment `id`.
+pub(crate) fn file_name(id: u32, kind: Kind) -> String {
+    format!("{id:020}{}", kind.suffix())
+}
+
+/// The id and kind in a segment file name, or `None` for any other file.
+pub(crate) fn parse_file_name(name: &str) -> Option<(u32, Kind)> {
+    let (digits, kind) = match name.strip_suffix(Kind::Log.suffix()) {
+        Some(digits) => (digits, Kind::Log),
+        None => (
+            name.strip_suffix(Kind::Compacted.suffix())?,
+            Kind::Compacted,
+        ),
+    };
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    digits
+    let id = digits
         .parse::<u64>()
         .ok()
-        .and_then(|id| u32::try_from(id).ok())
+        .and_then(|id| u32::try_from(id).ok())?;
+    Some((id, kind))
 }
 
 /// The header of segment `id`.
@@ -78,14 +103,30 @@ pub(crate) fn check_header(bytes: &[u8], id: u32) -> Result<(), Corruption> {
     Ok(())
 }
 
-/// A byte position in the log: segment id in the high half, offset in the low half, so that positions
-/// compare in log order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A byte position in a segment: segment id in the high half, offset in the low half.
+///
+/// Positions are only ordered within one segment. Ids do not give replay order (compacted segments
+/// get fresh, larger ids but replay first), so a comparison across segments would be meaningless.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Pos(pub(crate) u64);
 
 impl Pos {
     pub(crate) fn new(segment: u32, offset: u32) -> Self {
         Pos((u64::from(segment) << 32) | u64::from(offset))
+    }
+
+    fn segment(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    fn offset(self) -> u32 {
+        self.0 as u32
+    }
+
+    /// Whether `self`, the writer's written or synced position in the active segment, covers `end`.
+    /// A position in any other segment is covered: only the active segment has an unsynced suffix.
+    pub(crate) fn covers(self, end: Pos) -> bool {
+        end.segment() != self.segment() || end.offset() <= self.offset()
     }
 }
 
@@ -111,8 +152,15 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_sort_like_ids() {
-        assert_eq!(parse_file_name(&file_name(7)), Some(7));
-        assert!(file_name(9) < file_name(10));
+        assert_eq!(
+            parse_file_name(&file_name(7, Kind::Log)),
+            Some((7, Kind::Log))
+        );
+        assert_eq!(
+            parse_file_name(&file_name(7, Kind::Compacted)),
+            Some((7, Kind::Compacted))
+        );
+        assert!(file_name(9, Kind::Log) < file_name(10, Kind::Log));
         assert_eq!(parse_file_name("LOCK"), None);
         assert_eq!(parse_file_name("0000000000000000000x.seg"), None);
     }
@@ -133,8 +181,14 @@ mod tests {
     }
 
     #[test]
-    fn positions_order_by_segment_then_offset() {
-        assert!(Pos::new(1, u32::MAX) < Pos::new(2, 0));
-        assert!(Pos::new(2, 5) < Pos::new(2, 6));
+    fn a_position_covers_its_own_segment_up_to_its_offset_and_every_other_segment() {
+        let synced = Pos::new(5, 100);
+        assert!(synced.covers(Pos::new(5, 100)));
+        assert!(!synced.covers(Pos::new(5, 101)));
+        assert!(synced.covers(Pos::new(4, u32::MAX)), "older log segment");
+        assert!(
+            synced.covers(Pos::new(9, 500)),
+            "compacted segment with a larger id"
+        );
     }
 }

@@ -1,17 +1,19 @@
-//! The set of segment files the store currently reads from, by id.
+//! The set of segment files the store currently reads from, by id, and the segment id allocator.
 //!
-//! The writer adds a segment when it rotates; compaction swaps sealed ones out. Readers take an
-//! `Arc` of the file while they hold the index shard lock that gave them the location, so a segment
-//! removed afterwards stays readable for them (its file handle, and on Unix its data, live on).
+//! The writer adds a segment when it rotates; compaction swaps sealed ones out. Readers take an `Arc`
+//! of the file while they hold the index shard lock that gave them the location, so a segment removed
+//! afterwards stays readable for them (its handle, mapping and, on Unix, its data live on). Ids come
+//! from one allocator shared by the writer and compaction, so no two files ever share an id.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use super::segment::{Loc, file_name};
+use super::segment::{Kind, Loc, file_name};
 use crate::error::{Error, Result};
 use crate::storage::StorageFile;
 
@@ -19,6 +21,7 @@ use crate::storage::StorageFile;
 #[derive(Clone)]
 pub(crate) struct SegmentFile {
     pub(crate) id: u32,
+    pub(crate) kind: Kind,
     pub(crate) path: PathBuf,
     pub(crate) file: Arc<dyn StorageFile>,
 }
@@ -37,6 +40,7 @@ impl SegmentFile {
 pub(crate) struct Segments {
     dir: PathBuf,
     files: RwLock<BTreeMap<u32, SegmentFile>>,
+    next_id: AtomicU32,
 }
 
 impl Segments {
@@ -44,15 +48,31 @@ impl Segments {
         Self {
             dir: dir.to_owned(),
             files: RwLock::new(BTreeMap::new()),
+            next_id: AtomicU32::new(1),
         }
     }
 
-    pub(crate) fn path(&self, id: u32) -> PathBuf {
-        self.dir.join(file_name(id))
+    pub(crate) fn path(&self, id: u32, kind: Kind) -> PathBuf {
+        self.dir.join(file_name(id, kind))
+    }
+
+    /// A fresh segment id, larger than every id in the directory.
+    pub(crate) fn allocate_id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes sure future ids are above `id` (called for every file found at open).
+    pub(crate) fn reserve_above(&self, id: u32) {
+        self.next_id
+            .fetch_max(id.saturating_add(1), Ordering::Relaxed);
     }
 
     pub(crate) fn insert(&self, segment: SegmentFile) {
         self.files.write().insert(segment.id, segment);
+    }
+
+    pub(crate) fn remove(&self, id: u32) {
+        self.files.write().remove(&id);
     }
 
     /// The segment holding `loc`. A location the index hands out always names an open segment.

@@ -11,8 +11,10 @@
 //! Invariants:
 //! - Frames reach the file in append order, each whole: the buffer only ever holds whole frames and a
 //!   flush takes all of it, so the written and synced positions always fall on frame boundaries.
-//! - `written` and `synced` only grow; an older segment is fully written and synced before a newer one
-//!   is created, so a position in an older segment is durable whenever a newer segment exists.
+//! - `written` and `synced` point into the active segment and only grow. Every other segment is
+//!   durable: a log segment is fully written and synced before the next one is created, and a compacted
+//!   segment is synced before the manifest names it. So a position outside the active segment is
+//!   durable by construction (see `Pos::covers`).
 //! - After a failed write or fdatasync the writer is poisoned: the failure is never retried (the
 //!   kernel may have dropped the dirty pages) and every later call fails until the store is reopened.
 
@@ -24,7 +26,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::frame::{self, MAX_PAYLOAD, TAG_OPS};
 use super::op::Op;
-use super::segment::{self, Loc, Pos};
+use super::segment::{self, Kind, Loc, Pos};
 use super::segments::{SegmentFile, Segments};
 use crate::error::{Error, Result};
 use crate::options::Durability;
@@ -223,10 +225,22 @@ impl LogWriter {
         Pos::new(st.active.id, st.buf_start + st.buf.len() as u32)
     }
 
+    /// The id of the segment being appended to.
+    pub(crate) fn active_segment(&self) -> u32 {
+        self.state.lock().active.id
+    }
+
+    /// Poisons the writer with a failure found elsewhere: a compaction that could not tell whether
+    /// its switch reached the disk.
+    pub(crate) fn poison_with(&self, cause: Error) -> Error {
+        let mut st = self.state.lock();
+        self.poison(&mut st, cause)
+    }
+
     fn flush(&self, end: Pos, sync: bool) -> Result<()> {
         let reached = |w: &Self| {
             let target = if sync { &w.synced } else { &w.written };
-            target.load(Ordering::Acquire) >= end.0
+            Pos(target.load(Ordering::Acquire)).covers(end)
         };
         if reached(self) {
             return Ok(());
@@ -317,7 +331,8 @@ impl LogWriter {
         if let Err(e) = sealed {
             return Err(self.poison(st, e));
         }
-        let next = match create_segment(&*self.storage, &self.segments, &self.dir, old.id + 1) {
+        let id = self.segments.allocate_id();
+        let next = match create_segment(&*self.storage, &self.segments, &self.dir, id) {
             Ok(next) => next,
             Err(e) => return Err(self.poison(st, e)),
         };
@@ -333,14 +348,14 @@ impl LogWriter {
     }
 }
 
-/// Creates segment `id` durably (header written and synced, directory synced) and registers it.
+/// Creates log segment `id` durably (header written and synced, directory synced) and registers it.
 pub(crate) fn create_segment(
     storage: &dyn Storage,
     segments: &Segments,
     dir: &std::path::Path,
     id: u32,
 ) -> Result<SegmentFile> {
-    let path = segments.path(id);
+    let path = segments.path(id, Kind::Log);
     let file = storage
         .create_new(&path)
         .map_err(|e| Error::io("create", &path, e))?;
@@ -351,7 +366,12 @@ pub(crate) fn create_segment(
     storage
         .sync_dir(dir)
         .map_err(|e| Error::io("sync directory", dir, e))?;
-    let segment = SegmentFile { id, path, file };
+    let segment = SegmentFile {
+        id,
+        kind: Kind::Log,
+        path,
+        file,
+    };
     segments.insert(segment.clone());
     Ok(segment)
 }

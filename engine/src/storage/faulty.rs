@@ -40,7 +40,7 @@ pub struct FaultyStorage {
     state: Arc<Mutex<FsState>>,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct FsState {
     generation: u64,
     next_inode: u64,
@@ -126,6 +126,16 @@ impl FaultyStorage {
         Self::default()
     }
 
+    /// An independent copy of this file system in its current state (handles of the copy are fresh;
+    /// nothing done to one is seen by the other). Used to try many crash points from one state.
+    pub fn fork(&self) -> FaultyStorage {
+        let mut state = self.state.lock().clone();
+        state.locks.clear();
+        FaultyStorage {
+            state: Arc::new(Mutex::new(state)),
+        }
+    }
+
     /// Fails the `n`-th fdatasync from now (1 = the next one), once.
     pub fn fail_sync_after(&self, n: u64) {
         let mut s = self.state.lock();
@@ -195,6 +205,21 @@ impl FaultyStorage {
             inode.unsynced.clear();
         }
         s.durable_names = s.names.clone();
+    }
+
+    /// Every file with its current length and whether its directory entry is durable (for debugging).
+    pub fn describe(&self) -> Vec<(PathBuf, usize, bool)> {
+        let s = self.state.lock();
+        s.names
+            .iter()
+            .map(|(p, id)| {
+                (
+                    p.clone(),
+                    s.inodes[id].data.len(),
+                    s.durable_names.get(p) == Some(id),
+                )
+            })
+            .collect()
     }
 
     /// The current bytes of a file, for tests that damage or inspect the log directly.

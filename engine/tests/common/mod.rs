@@ -34,6 +34,7 @@ impl Fixture {
             .clock(Arc::new(self.clock.clone()))
             .lease(LEASE)
             .durability(Durability::Sync)
+            .compaction(None)
     }
 
     pub fn open(&self) -> Store {
