@@ -74,10 +74,20 @@ pub struct Stats {
     pub in_progress: usize,
     /// Live side records.
     pub side_records: usize,
+    /// Entries held in memory, including expired ones not yet swept.
+    pub index_entries: usize,
     /// Segment files.
     pub segments: usize,
     /// Bytes of all segment files.
     pub disk_bytes: u64,
+    /// Bytes of live operations (the latest version of every live record and side record).
+    pub live_bytes: u64,
+    /// Bytes of sealed segments that compaction would reclaim.
+    pub garbage_bytes: u64,
+    /// Compactions finished since open.
+    pub compactions: u64,
+    /// Automatic compactions that failed since open (each is retried at the next check).
+    pub compaction_failures: u64,
     /// Frames appended since open.
     pub frames_appended: u64,
     /// Bytes appended since open.
@@ -86,6 +96,17 @@ pub struct Stats {
     pub writes: u64,
     /// fdatasync calls since open (frames per sync shows group commit at work).
     pub syncs: u64,
+}
+
+impl Stats {
+    /// Share of the disk bytes that is garbage.
+    pub fn garbage_ratio(&self) -> f64 {
+        if self.disk_bytes == 0 {
+            0.0
+        } else {
+            self.garbage_bytes as f64 / self.disk_bytes as f64
+        }
+    }
 }
 
 impl Store {
@@ -412,25 +433,30 @@ impl Store {
 
     /// Current counts.
     pub fn stats(&self) -> Stats {
+        let core = &*self.core;
         let now = self.now();
         let mut stats = Stats::default();
-        for shard in self.core.records.shards() {
-            for entry in shard.lock().values().filter(|e| e.is_live(now)) {
+        for shard in core.records.shards() {
+            let map = shard.lock();
+            stats.index_entries += map.len();
+            for entry in map.values().filter(|e| e.is_live(now)) {
                 stats.records += 1;
                 stats.in_progress += usize::from(entry.lease_until.is_some());
             }
         }
-        stats.side_records = self
-            .core
-            .side
-            .lock()
-            .values()
-            .filter(|e| e.is_live(now))
-            .count();
-        let segments = self.core.segments.all();
+        let side = core.side.lock();
+        stats.index_entries += side.len();
+        stats.side_records = side.values().filter(|e| e.is_live(now)).count();
+        drop(side);
+        let segments = core.segments.all();
         stats.segments = segments.len();
         stats.disk_bytes = segments.iter().filter_map(|s| s.file.size().ok()).sum();
-        let counters = &self.core.writer.counters;
+        let space = core.space();
+        stats.live_bytes = space.live;
+        stats.garbage_bytes = space.garbage();
+        stats.compactions = core.compactions.load(Ordering::Relaxed);
+        stats.compaction_failures = core.compaction_failures.load(Ordering::Relaxed);
+        let counters = &core.writer.counters;
         stats.frames_appended = counters.frames.load(Ordering::Relaxed);
         stats.bytes_appended = counters.bytes.load(Ordering::Relaxed);
         stats.writes = counters.writes.load(Ordering::Relaxed);
