@@ -227,13 +227,33 @@ fn collect_garbage(storage: &dyn Storage, dir: &Path, garbage: &[PathBuf]) -> Re
         .map_err(|e| Error::io("sync directory", dir, e))
 }
 
-/// Replays one segment; returns its valid length (after cutting a torn tail).
-fn replay_segment(
+/// How a scanned segment ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SegmentEnd {
+    /// Every byte belongs to an intact frame.
+    Clean,
+    /// The active segment holds intact frames up to this offset and a torn tail after it.
+    TornTail(u64),
+    /// The active segment's header is torn: the crash came while it was being created.
+    TornHeader,
+}
+
+/// What a scan of one segment found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scanned {
+    pub(crate) end: SegmentEnd,
+    pub(crate) file_len: u64,
+    pub(crate) frames: u64,
+    pub(crate) operations: u64,
+}
+
+/// Reads one segment, checks every checksum, and calls `apply` with the operations of each intact
+/// frame, a whole frame at a time. Changes nothing on disk.
+pub(crate) fn scan_segment(
     segment: &SegmentFile,
     is_active: bool,
-    replay: &mut Replay<'_>,
-    report: &mut RecoveryReport,
-) -> Result<u32> {
+    mut apply: impl FnMut(&Op<'_>, Loc),
+) -> Result<Scanned> {
     let path = &segment.path;
     let file_len = segment
         .file
@@ -249,13 +269,19 @@ fn replay_segment(
         .file
         .read_at(0, len)
         .map_err(|e| Error::io("read", path, e))?;
-    report.bytes += file_len;
+    let mut scanned = Scanned {
+        end: SegmentEnd::Clean,
+        file_len,
+        frames: 0,
+        operations: 0,
+    };
 
     if let Err(reason) = segment::check_header(&data, segment.id) {
         // The header is synced before any frame is written, so in the last segment a bad header with
         // no intact frame after it is a crash during segment creation: nothing here was acknowledged.
         if is_active && !later_frame_proves_durable(&data, 0) {
-            return reinitialize(segment, report, file_len);
+            scanned.end = SegmentEnd::TornHeader;
+            return Ok(scanned);
         }
         return Err(Error::corrupt(path, 0, reason));
     }
@@ -276,13 +302,8 @@ fn replay_segment(
                         Corruption::DamagedDurableData,
                     ));
                 }
-                truncate(segment, offset as u64)?;
-                report.torn_tail = Some(TornTail {
-                    path: path.clone(),
-                    offset: offset as u64,
-                    discarded: file_len - offset as u64,
-                });
-                break;
+                scanned.end = SegmentEnd::TornTail(offset as u64);
+                return Ok(scanned);
             }
         };
         if frame.tag != TAG_OPS {
@@ -306,13 +327,39 @@ fn replay_segment(
                 offset: (payload_at + op_offset) as u32,
                 len: *op_len as u32,
             };
-            replay.apply(op, loc);
+            apply(op, loc);
         }
-        report.frames += 1;
-        report.operations += ops.len() as u64;
+        scanned.frames += 1;
+        scanned.operations += ops.len() as u64;
         offset += frame.encoded_len();
     }
-    Ok(offset.min(data.len()) as u32)
+    Ok(scanned)
+}
+
+/// Replays one segment; returns its valid length (after cutting a torn tail).
+fn replay_segment(
+    segment: &SegmentFile,
+    is_active: bool,
+    replay: &mut Replay<'_>,
+    report: &mut RecoveryReport,
+) -> Result<u32> {
+    let scanned = scan_segment(segment, is_active, |op, loc| replay.apply(op, loc))?;
+    report.bytes += scanned.file_len;
+    report.frames += scanned.frames;
+    report.operations += scanned.operations;
+    match scanned.end {
+        SegmentEnd::Clean => Ok(scanned.file_len as u32),
+        SegmentEnd::TornHeader => reinitialize(segment, report, scanned.file_len),
+        SegmentEnd::TornTail(offset) => {
+            truncate(segment, offset)?;
+            report.torn_tail = Some(TornTail {
+                path: segment.path.clone(),
+                offset,
+                discarded: scanned.file_len - offset,
+            });
+            Ok(offset as u32)
+        }
+    }
 }
 
 fn reinitialize(segment: &SegmentFile, report: &mut RecoveryReport, file_len: u64) -> Result<u32> {

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use crate::claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
 use crate::clock::duration_ms;
+use crate::dir_lock;
 use crate::error::{Corruption, Error, Result};
 use crate::index::{
     self, Entry, Shard, Sharded, SideEntry, record_key, side_key, split_record_key,
@@ -33,9 +34,6 @@ use crate::recovery::{self, RecoveryReport, Replay};
 use crate::response::StoredResponse;
 use crate::side::SideWrite;
 use crate::storage::LockGuard;
-
-/// Name of the lock file inside the data directory.
-pub const LOCK_FILE: &str = "LOCK";
 
 const SHARDS: usize = 64;
 
@@ -119,11 +117,7 @@ impl Store {
         storage
             .create_dir_all(&dir)
             .map_err(|e| Error::io("create directory", &dir, e))?;
-        let lock_path = dir.join(LOCK_FILE);
-        let lock = storage
-            .try_lock(&lock_path)
-            .map_err(|e| Error::io("lock", &lock_path, e))?
-            .ok_or(Error::Locked { path: lock_path })?;
+        let lock = dir_lock::lock(&*storage, &dir)?;
 
         let segments = Arc::new(Segments::new(&dir));
         let records = Sharded::new(SHARDS);
