@@ -233,8 +233,8 @@ fn records_changing_during_compaction_are_neither_lost_nor_resurrected() {
                 let mut expected = BTreeMap::new();
                 let mut generation = vec![0u32; keys_per_writer];
                 for round in 0..rounds {
-                    for k in 0..keys_per_writer {
-                        let name = format!("w{w}-k{k}-g{}", generation[k]);
+                    for (k, generation) in generation.iter_mut().enumerate() {
+                        let name = format!("w{w}-k{k}-g{generation}");
                         let body = format!("{name} round {round}");
                         let ClaimOutcome::Acquired(token) =
                             store.claim(b"acct", name.as_bytes(), &fp(1), TTL).unwrap()
@@ -248,7 +248,7 @@ fn records_changing_during_compaction_are_neither_lost_nor_resurrected() {
                             let side = [SideWrite::put("payments", name.clone(), body.clone())];
                             store.complete(&token, &created(&body), &side).unwrap();
                             expected.insert(name.clone(), Some(body.clone()));
-                            generation[k] += 1;
+                            *generation += 1;
                         }
                         // Reads race with the compactor deleting the segments they point into.
                         if (round + k) % 3 != 0 {
