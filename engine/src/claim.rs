@@ -55,6 +55,10 @@ pub struct ClaimToken {
     pub(crate) id: Box<[u8]>,
     pub(crate) fence: u64,
     pub(crate) takeover: Option<Takeover>,
+    /// The claim's full fingerprint and creation time, which the index does not keep in memory; the
+    /// fence proves they still describe the record.
+    pub(crate) fingerprint: [u8; 32],
+    pub(crate) created_at: u64,
 }
 
 impl ClaimToken {

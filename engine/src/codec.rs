@@ -64,6 +64,11 @@ pub(crate) fn put_u32_at(buf: &mut [u8], at: usize, v: u32) {
     buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
+/// Overwrites a little-endian `u64` at `at`.
+pub(crate) fn put_u64_at(buf: &mut [u8], at: usize, v: u64) {
+    buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
 /// The input ended before a value was complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DecodeError {

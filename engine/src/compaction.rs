@@ -114,11 +114,13 @@ impl Core {
                 .filter(|e| e.is_live(now))
                 .for_each(|e| count(e.loc));
         }
-        self.side
-            .lock()
-            .values()
-            .filter(|e| e.is_live(now))
-            .for_each(|e| count(e.loc));
+        for shard in self.side.shards() {
+            shard
+                .lock()
+                .values()
+                .filter(|e| e.is_live(now))
+                .for_each(|e| count(e.loc));
+        }
         space.sealed = self
             .segments
             .all()
@@ -214,13 +216,14 @@ impl Core {
                     .map(|e| e.loc),
             );
         }
-        locs.extend(
-            self.side
-                .lock()
-                .values()
-                .filter(|e| e.is_live(now) && in_inputs(&e.loc))
-                .map(|e| e.loc),
-        );
+        for shard in self.side.shards() {
+            let map = shard.lock();
+            locs.extend(
+                map.values()
+                    .filter(|e| e.is_live(now) && in_inputs(&e.loc))
+                    .map(|e| e.loc),
+            );
+        }
         locs.sort_unstable_by_key(loc_key);
         locs
     }
@@ -295,11 +298,11 @@ impl Core {
             }
         };
         for shard in self.records.shards() {
-            shard.lock().retain(|_, e| update(&mut e.loc));
+            shard.lock().retain(|e| update(&mut e.loc));
         }
-        self.side
-            .lock()
-            .retain(|_, e: &mut SideEntry| update(&mut e.loc));
+        for shard in self.side.shards() {
+            shard.lock().retain(|e: &mut SideEntry| update(&mut e.loc));
+        }
     }
 }
 

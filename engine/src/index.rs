@@ -1,20 +1,28 @@
 //! The in-memory index: (scope, key) → record state and the location of its latest operation.
 //!
-//! The index never holds a response body, only where it is in the log, so memory per key stays small
-//! (the key bytes plus an 80-byte entry). It is sharded by a randomly seeded hash so that two cores can
-//! claim in parallel, and each shard is a `HashMap` with std's randomly keyed SipHash, so clients that
-//! choose keys cannot force collisions (hash flooding).
+//! Memory per key is the point of this module. The index never holds a response body, only where the
+//! record's latest operation is in the log, and it keeps only an 8-byte prefix of the fingerprint (the
+//! full one is in the log and in the holder's [`crate::ClaimToken`]). Each shard is a
+//! `hashbrown::HashTable` of (slot number, 32-bit hash) pairs — 8 bytes and a control byte per
+//! bucket, and growing the table rehashes from the stored hash without touching the keys — over a slab
+//! of 56-byte slots allocated in fixed chunks, so growth never doubles a large array and freed slots
+//! are reused. Per live key that is about 56 + 9 to 18 bytes (depending on the table's load) plus the
+//! key's own allocation.
+//!
+//! Keys are hashed once per operation with std's randomly keyed SipHash (`RandomState`): clients choose
+//! idempotency keys, and a seeded hash keeps them from forcing collisions (hash flooding). The seed
+//! never reaches the disk; the on-disk identity of a record is its (scope, key) bytes.
 //!
 //! The state machine lives here, in [`apply_record`] and [`apply_side`]: recovery replays the log
 //! through them, and the store applies every operation it appends through them too, so the state after
 //! a restart is the state before it by construction.
 //!
-//! Lock order: a record shard, then the side map, then the log writer.
+//! Lock order: a record shard, then the side table, then the log writer.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU64;
 
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::log::op::Op;
@@ -23,9 +31,9 @@ use crate::log::segment::Loc;
 /// State of one idempotency record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
-    pub(crate) fingerprint: [u8; 32],
+    /// The first 4 bytes of the request fingerprint: a differing prefix is a mismatch without a read.
+    pub(crate) fp_prefix: u32,
     pub(crate) fence: u64,
-    pub(crate) created_at: u64,
     pub(crate) expires_at: u64,
     /// `Some` while in progress; `None` once completed.
     pub(crate) lease_until: Option<NonZeroU64>,
@@ -52,12 +60,182 @@ impl SideEntry {
     }
 }
 
-/// One shard's map.
-pub(crate) type Shard<V> = HashMap<Box<[u8]>, V>;
+/// The fingerprint prefix kept in memory.
+pub(crate) fn fp_prefix(fingerprint: &[u8; 32]) -> u32 {
+    u32::from_le_bytes([
+        fingerprint[0],
+        fingerprint[1],
+        fingerprint[2],
+        fingerprint[3],
+    ])
+}
 
-/// A map split into independently locked shards.
+const CHUNK: usize = 1024;
+
+/// One key and its value; `None` marks a free slot (the `Box` makes that free of charge).
+type Slot<V> = Option<(Box<[u8]>, V)>;
+
+/// A bucket: the slot holding the key, and the low 32 bits of the key's hash.
+#[derive(Clone, Copy)]
+struct Bucket {
+    slot: u32,
+    hash: u32,
+}
+
+/// The 64-bit hash hashbrown sees for a stored 32-bit hash: it takes the bucket from the low bits and
+/// its 7-bit tag from the top ones, so both come from the 32 bits kept.
+fn spread(hash: u32) -> u64 {
+    (u64::from(hash) << 32) | u64::from(hash)
+}
+
+/// A hash table from byte keys to `V`, hashed by the caller.
+pub(crate) struct Table<V> {
+    table: HashTable<Bucket>,
+    chunks: Vec<Vec<Slot<V>>>,
+    free: Vec<u32>,
+}
+
+impl<V> Table<V> {
+    fn new() -> Self {
+        Self {
+            table: HashTable::new(),
+            chunks: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    fn slot(&self, index: u32) -> &Slot<V> {
+        let i = index as usize;
+        &self.chunks[i / CHUNK][i % CHUNK]
+    }
+
+    fn slot_mut(&mut self, index: u32) -> &mut Slot<V> {
+        let i = index as usize;
+        &mut self.chunks[i / CHUNK][i % CHUNK]
+    }
+
+    fn key_at(chunks: &[Vec<Slot<V>>], index: u32) -> &[u8] {
+        let i = index as usize;
+        match &chunks[i / CHUNK][i % CHUNK] {
+            Some((key, _)) => key,
+            None => unreachable!("the table only holds occupied slots"),
+        }
+    }
+
+    /// Entries held.
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        let h = hash as u32;
+        self.table
+            .find(spread(h), |b| {
+                b.hash == h && Self::key_at(&self.chunks, b.slot) == key
+            })
+            .map(|b| b.slot)
+    }
+
+    pub(crate) fn get(&self, hash: u64, key: &[u8]) -> Option<&V> {
+        let index = self.find(hash, key)?;
+        self.slot(index).as_ref().map(|(_, v)| v)
+    }
+
+    pub(crate) fn get_mut(&mut self, hash: u64, key: &[u8]) -> Option<&mut V> {
+        let index = self.find(hash, key)?;
+        self.slot_mut(index).as_mut().map(|(_, v)| v)
+    }
+
+    /// Inserts or replaces.
+    pub(crate) fn insert(&mut self, hash: u64, key: &[u8], value: V) {
+        if let Some(slot) = self.get_mut(hash, key) {
+            *slot = value;
+            return;
+        }
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                let len = self.chunks.last().map_or(CHUNK, Vec::len);
+                if len == CHUNK {
+                    self.chunks.push(Vec::with_capacity(CHUNK));
+                }
+                let index =
+                    (self.chunks.len() - 1) * CHUNK + self.chunks.last().map_or(0, Vec::len);
+                self.chunks
+                    .last_mut()
+                    .expect("a chunk was just ensured")
+                    .push(None);
+                u32::try_from(index).expect("fewer than 4 billion keys per shard")
+            }
+        };
+        *self.slot_mut(index) = Some((key.into(), value));
+        let h = hash as u32;
+        self.table.insert_unique(
+            spread(h),
+            Bucket {
+                slot: index,
+                hash: h,
+            },
+            |b| spread(b.hash),
+        );
+    }
+
+    pub(crate) fn remove(&mut self, hash: u64, key: &[u8]) -> Option<V> {
+        let chunks = &self.chunks;
+        let h = hash as u32;
+        let entry = self
+            .table
+            .find_entry(spread(h), |b| {
+                b.hash == h && Self::key_at(chunks, b.slot) == key
+            })
+            .ok()?;
+        let (Bucket { slot: index, .. }, _) = entry.remove();
+        self.free.push(index);
+        self.slot_mut(index).take().map(|(_, v)| v)
+    }
+
+    /// Keeps the entries for which `keep` returns true.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
+        let (chunks, free) = (&mut self.chunks, &mut self.free);
+        self.table.retain(|&mut Bucket { slot: index, .. }| {
+            let i = index as usize;
+            let slot = &mut chunks[i / CHUNK][i % CHUNK];
+            let kept = slot.as_mut().is_some_and(|(_, v)| keep(v));
+            if !kept {
+                *slot = None;
+                free.push(index);
+            }
+            kept
+        });
+        if self.table.is_empty() {
+            // Give the memory back after a burst; an idle store should not keep its peak.
+            self.chunks = Vec::new();
+            self.free = Vec::new();
+            self.table.shrink_to_fit(|b| spread(b.hash));
+        }
+    }
+
+    /// Every key and value.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &V)> {
+        self.chunks
+            .iter()
+            .flatten()
+            .filter_map(|s| s.as_ref().map(|(k, v)| (&**k, v)))
+    }
+
+    /// Every value.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
+        self.chunks
+            .iter()
+            .flatten()
+            .filter_map(|s| s.as_ref().map(|(_, v)| v))
+    }
+}
+
+/// A map split into independently locked shards, with one hash per key for both the shard and the
+/// table inside it.
 pub(crate) struct Sharded<V> {
-    shards: Box<[Mutex<Shard<V>>]>,
+    shards: Box<[Mutex<Table<V>>]>,
     hasher: RandomState,
 }
 
@@ -66,20 +244,22 @@ impl<V> Sharded<V> {
     pub(crate) fn new(count: usize) -> Self {
         assert!(count.is_power_of_two());
         Self {
-            shards: (0..count).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..count).map(|_| Mutex::new(Table::new())).collect(),
             hasher: RandomState::new(),
         }
     }
 
-    pub(crate) fn shard(&self, key: &[u8]) -> &Mutex<Shard<V>> {
-        let hash = self.hasher.hash_one(key);
-        // High bits: the shard maps use their own hasher, so any bits would do; these avoid reusing the
-        // low bits a power-of-two table would look at if the maps shared the seed.
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    pub(crate) fn shard(&self, hash: u64) -> &Mutex<Table<V>> {
+        // The table inside uses the low 32 bits; the shard comes from the high ones.
         let index = (hash >> 32) as usize & (self.shards.len() - 1);
         &self.shards[index]
     }
 
-    pub(crate) fn shards(&self) -> &[Mutex<Shard<V>>] {
+    pub(crate) fn shards(&self) -> &[Mutex<Table<V>>] {
         &self.shards
     }
 }
@@ -90,7 +270,7 @@ const RECORD_KEY_MAX: usize = 1 + crate::limits::MAX_SCOPE + crate::limits::MAX_
 const SIDE_KEY_MAX: usize = 1 + crate::limits::MAX_NAMESPACE + crate::limits::MAX_SIDE_KEY;
 
 /// An index key built on the stack: `[prefix length u8][prefix][rest]`. Lookups need no allocation;
-/// only an insert turns it into a `Box<[u8]>`.
+/// only an insert copies it to the heap.
 pub(crate) struct KeyBuf<const N: usize> {
     buf: [u8; N],
     len: usize,
@@ -132,18 +312,9 @@ pub(crate) fn split_record_key(id: &[u8]) -> (&[u8], &[u8]) {
     (&id[1..1 + prefix_len], &id[1 + prefix_len..])
 }
 
-fn upsert<V>(map: &mut Shard<V>, key: &[u8], value: V) {
-    match map.get_mut(key) {
-        Some(slot) => *slot = value,
-        None => {
-            map.insert(key.into(), value);
-        }
-    }
-}
-
-/// Applies a record operation found at `loc` to the shard holding its key. Side and fence operations
-/// are ignored here.
-pub(crate) fn apply_record(map: &mut Shard<Entry>, op: &Op<'_>, loc: Loc) {
+/// Applies a record operation found at `loc` to the shard holding its key (`id`, hashed to `hash`).
+/// Side and fence operations are ignored here.
+pub(crate) fn apply_record(map: &mut Table<Entry>, hash: u64, id: &[u8], op: &Op<'_>, loc: Loc) {
     match op {
         Op::InProgress { head, .. } | Op::Completed { head, .. } => {
             let lease_until = match op {
@@ -155,55 +326,112 @@ pub(crate) fn apply_record(map: &mut Shard<Entry>, op: &Op<'_>, loc: Loc) {
                 _ => None,
             };
             let entry = Entry {
-                fingerprint: head.fingerprint,
+                fp_prefix: fp_prefix(&head.fingerprint),
                 fence: head.fence,
-                created_at: head.created_at,
                 expires_at: head.expires_at,
                 lease_until,
                 loc,
             };
-            upsert(map, record_key(head.scope, head.key).as_bytes(), entry);
+            map.insert(hash, id, entry);
         }
-        Op::Released { scope, key, fence } => {
-            let id = record_key(scope, key);
-            if map.get(id.as_bytes()).is_some_and(|e| e.fence == *fence) {
-                map.remove(id.as_bytes());
+        Op::Released { fence, .. } => {
+            if map.get(hash, id).is_some_and(|e| e.fence == *fence) {
+                map.remove(hash, id);
             }
         }
         Op::SidePut { .. } | Op::SideRemove { .. } | Op::FenceFloor { .. } => {}
     }
 }
 
-/// Applies a side operation found at `loc`. Record and fence operations are ignored here.
-pub(crate) fn apply_side(map: &mut Shard<SideEntry>, op: &Op<'_>, loc: Loc) {
+/// Applies a side operation found at `loc` (`id`, hashed to `hash`). Record and fence operations are
+/// ignored here.
+pub(crate) fn apply_side(map: &mut Table<SideEntry>, hash: u64, id: &[u8], op: &Op<'_>, loc: Loc) {
     match op {
-        Op::SidePut {
-            namespace,
-            key,
-            expires_at,
-            ..
-        } => upsert(
-            map,
-            side_key(namespace, key).as_bytes(),
+        Op::SidePut { expires_at, .. } => map.insert(
+            hash,
+            id,
             SideEntry {
                 expires_at: *expires_at,
                 loc,
             },
         ),
-        Op::SideRemove { namespace, key } => {
-            map.remove(side_key(namespace, key).as_bytes());
+        Op::SideRemove { .. } => {
+            map.remove(hash, id);
         }
         _ => {}
     }
 }
 
-/// The shard key an operation belongs to, if it is a record operation.
-pub(crate) fn record_key_of(op: &Op<'_>) -> Option<RecordKey> {
+/// The index key of an operation: a record key, a side key, or none (fence floor).
+pub(crate) enum OpKey {
+    Record(RecordKey),
+    Side(SideKey),
+    None,
+}
+
+pub(crate) fn key_of(op: &Op<'_>) -> OpKey {
     match op {
         Op::InProgress { head, .. } | Op::Completed { head, .. } => {
-            Some(record_key(head.scope, head.key))
+            OpKey::Record(record_key(head.scope, head.key))
         }
-        Op::Released { scope, key, .. } => Some(record_key(scope, key)),
-        _ => None,
+        Op::Released { scope, key, .. } => OpKey::Record(record_key(scope, key)),
+        Op::SidePut { namespace, key, .. } | Op::SideRemove { namespace, key } => {
+            OpKey::Side(side_key(namespace, key))
+        }
+        Op::FenceFloor { .. } => OpKey::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Table<u64> {
+        Table::new()
+    }
+
+    fn h(k: &[u8]) -> u64 {
+        // A deliberately weak hash, so that buckets collide and keys must be compared.
+        u64::from(k.first().copied().unwrap_or(0) % 7)
+    }
+
+    #[test]
+    fn insert_get_replace_remove() {
+        let mut t = table();
+        let (ha, hb) = (h(b"a"), h(b"b"));
+        t.insert(ha, b"a", 1);
+        t.insert(hb, b"b", 2);
+        t.insert(ha, b"a", 3);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.get(ha, b"a"), Some(&3));
+        assert_eq!(t.remove(ha, b"a"), Some(3));
+        assert_eq!(t.get(ha, b"a"), None);
+        assert_eq!(t.get(hb, b"b"), Some(&2));
+    }
+
+    #[test]
+    fn freed_slots_are_reused_and_growth_keeps_every_key() {
+        let mut t = table();
+        let keys: Vec<Vec<u8>> = (0..5000u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            t.insert(h(k), k, i as u64);
+        }
+        t.retain(|v| *v % 2 == 0);
+        assert_eq!(t.len(), 2500);
+        let chunks = t.chunks.len();
+        for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+            t.insert(h(k), k, i as u64);
+        }
+        assert_eq!(t.chunks.len(), chunks, "freed slots were reused");
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(t.get(h(k), k), Some(&(i as u64)));
+        }
+        assert_eq!(t.values().count(), 5000);
+    }
+
+    #[test]
+    fn slots_are_56_bytes_and_buckets_8() {
+        assert_eq!(std::mem::size_of::<Slot<Entry>>(), 56);
+        assert_eq!(std::mem::size_of::<Bucket>(), 8);
     }
 }

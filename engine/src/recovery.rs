@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Corruption, Error, Result};
-use crate::index::{self, Entry, Shard, Sharded, SideEntry};
+use crate::index::{self, Entry, OpKey, Sharded, SideEntry};
 use crate::log::frame::{self, FrameDamage, TAG_OPS};
 use crate::log::op::{self, Op, OpError};
 use crate::log::segment::{self, Kind, Loc};
@@ -64,7 +64,7 @@ pub(crate) struct Recovered {
 /// Where replayed operations go.
 pub(crate) struct Replay<'a> {
     pub(crate) records: &'a Sharded<Entry>,
-    pub(crate) side: &'a mut Shard<SideEntry>,
+    pub(crate) side: &'a Sharded<SideEntry>,
     pub(crate) next_fence: u64,
 }
 
@@ -77,10 +77,18 @@ impl Replay<'_> {
             Op::FenceFloor { next_fence } => self.next_fence = self.next_fence.max(*next_fence),
             _ => {}
         }
-        if let Some(id) = index::record_key_of(op) {
-            index::apply_record(&mut self.records.shard(id.as_bytes()).lock(), op, loc);
-        } else {
-            index::apply_side(self.side, op, loc);
+        match index::key_of(op) {
+            OpKey::Record(id) => {
+                let id = id.as_bytes();
+                let hash = self.records.hash(id);
+                index::apply_record(&mut self.records.shard(hash).lock(), hash, id, op, loc);
+            }
+            OpKey::Side(id) => {
+                let id = id.as_bytes();
+                let hash = self.side.hash(id);
+                index::apply_side(&mut self.side.shard(hash).lock(), hash, id, op, loc);
+            }
+            OpKey::None => {}
         }
     }
 }

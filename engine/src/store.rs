@@ -19,7 +19,7 @@ use crate::clock::duration_ms;
 use crate::dir_lock;
 use crate::error::{Corruption, Error, Result};
 use crate::index::{
-    self, Entry, Shard, Sharded, SideEntry, record_key, side_key, split_record_key,
+    self, Entry, Sharded, SideEntry, fp_prefix, record_key, side_key, split_record_key,
 };
 use crate::limits;
 use crate::log::flusher::Flusher;
@@ -52,7 +52,8 @@ pub(crate) struct Core {
     pub(crate) segments: Arc<Segments>,
     pub(crate) writer: Arc<LogWriter>,
     pub(crate) records: Sharded<Entry>,
-    pub(crate) side: Mutex<Shard<SideEntry>>,
+    /// One shard: a completion's side writes to several keys commit under one lock.
+    pub(crate) side: Sharded<SideEntry>,
     pub(crate) next_fence: AtomicU64,
     pub(crate) closed: AtomicBool,
     pub(crate) report: RecoveryReport,
@@ -121,10 +122,10 @@ impl Store {
 
         let segments = Arc::new(Segments::new(&dir));
         let records = Sharded::new(SHARDS);
-        let mut side = Shard::default();
+        let side = Sharded::new(1);
         let mut replay = Replay {
             records: &records,
-            side: &mut side,
+            side: &side,
             next_fence: 1,
         };
         let recovered = recovery::recover(&*storage, &dir, &segments, &mut replay)?;
@@ -145,7 +146,7 @@ impl Store {
             segments,
             writer,
             records,
-            side: Mutex::new(side),
+            side,
             next_fence: AtomicU64::new(recovered.next_fence),
             closed: AtomicBool::new(false),
             report: recovered.report,
@@ -209,60 +210,74 @@ impl Store {
             return Err(Error::InvalidArgument("ttl must be at least 1 ms"));
         }
         let core = &*self.core;
-        let now = self.now();
         let id = record_key(scope, key);
-        let mut map = core.records.shard(id.as_bytes()).lock();
-        let takeover = match map.get(id.as_bytes()) {
-            Some(entry) if entry.is_live(now) => {
-                let seen = *entry;
-                if seen.fingerprint != fingerprint.0 {
+        let hash = core.records.hash(id.as_bytes());
+        let shard = core.records.shard(hash);
+        let prefix = fp_prefix(&fingerprint.0);
+        loop {
+            let now = self.now();
+            let mut map = shard.lock();
+            let seen = map.get(hash, id.as_bytes()).copied();
+            let takeover = match seen {
+                Some(entry) if entry.is_live(now) => {
+                    if entry.fp_prefix != prefix {
+                        drop(map);
+                        core.writer.wait_visible(entry.loc.end())?;
+                        return Ok(ClaimOutcome::Mismatch);
+                    }
+                    // Same prefix: the full fingerprint is in the log. Read it without the lock.
+                    let file = core.segments.get(entry.loc.segment);
                     drop(map);
-                    core.writer.wait_visible(seen.loc.end())?;
-                    return Ok(ClaimOutcome::Mismatch);
-                }
-                match seen.lease_until {
-                    None => {
-                        let file = core.segments.get(seen.loc.segment);
-                        drop(map);
-                        return self
-                            .read_response(&file, seen.loc)
-                            .map(ClaimOutcome::Completed);
+                    let stored = self.read_record(&file, entry.loc)?;
+                    if stored.fingerprint != fingerprint.0 {
+                        return Ok(ClaimOutcome::Mismatch);
                     }
-                    Some(lease) if lease.get() > now => {
-                        drop(map);
-                        core.writer.wait_visible(seen.loc.end())?;
-                        return Ok(ClaimOutcome::InProgress {
-                            retry_after: Duration::from_millis(lease.get() - now),
-                        });
+                    match (entry.lease_until, stored.response) {
+                        (None, Some(response)) => return Ok(ClaimOutcome::Completed(response)),
+                        (Some(lease), _) if lease.get() > now => {
+                            return Ok(ClaimOutcome::InProgress {
+                                retry_after: Duration::from_millis(lease.get() - now),
+                            });
+                        }
+                        (Some(_), _) => {
+                            // Take over, unless the record changed while we were reading.
+                            map = shard.lock();
+                            if map.get(hash, id.as_bytes()) != Some(&entry) {
+                                continue;
+                            }
+                            Some(Takeover::LeaseExpired)
+                        }
+                        (None, None) => return Err(bad_location(&file, entry.loc)),
                     }
-                    Some(_) => Some(Takeover::LeaseExpired),
                 }
-            }
-            Some(_) => Some(Takeover::Expired),
-            None => None,
-        };
-        let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
-        let op = Op::InProgress {
-            head: Head {
-                scope,
-                key,
-                fingerprint: fingerprint.0,
+                Some(_) => Some(Takeover::Expired),
+                None => None,
+            };
+            let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
+            let op = Op::InProgress {
+                head: Head {
+                    scope,
+                    key,
+                    fingerprint: fingerprint.0,
+                    fence,
+                    created_at: now,
+                    expires_at: now.saturating_add(ttl_ms),
+                },
+                lease_until: now.saturating_add(core.lease_ms),
+            };
+            let mut loc = [Loc::default()];
+            let appended = core.writer.append(&[op], &mut loc)?;
+            index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0]);
+            drop(map);
+            core.writer.commit(appended)?;
+            return Ok(ClaimOutcome::Acquired(ClaimToken {
+                id: id.as_bytes().into(),
                 fence,
+                takeover,
+                fingerprint: fingerprint.0,
                 created_at: now,
-                expires_at: now.saturating_add(ttl_ms),
-            },
-            lease_until: now.saturating_add(core.lease_ms),
-        };
-        let mut locs = Vec::with_capacity(1);
-        let appended = core.writer.append(&[op], &mut locs)?;
-        index::apply_record(&mut map, &op, locs[0]);
-        drop(map);
-        core.writer.commit(appended)?;
-        Ok(ClaimOutcome::Acquired(ClaimToken {
-            id: id.as_bytes().into(),
-            fence,
-            takeover,
-        }))
+            }));
+        }
     }
 
     /// Completes a held claim with its final response and, in the same atomic append, the side
@@ -281,21 +296,33 @@ impl Store {
             limits::check_side_write(write, core.options.max_value_bytes)?;
         }
         let now = self.now();
-        let mut map = core.records.shard(&token.id).lock();
-        let held = held(&map, token, now)?;
+        let hash = core.records.hash(&token.id);
+        let mut map = core.records.shard(hash).lock();
+        let held = held(map.get(hash, &token.id), token, now)?;
         let mut ops = Vec::with_capacity(1 + side.len());
         ops.push(Op::Completed {
-            head: head_of(&held, &token.id),
+            head: head_of(token, &held),
             response: Response::Value(response),
         });
+        let side_keys: Vec<_> = side
+            .iter()
+            .map(|w| {
+                let (namespace, key) = w.namespace_and_key();
+                let id = side_key(namespace, key);
+                let hash = core.side.hash(id.as_bytes());
+                (id, hash)
+            })
+            .collect();
         ops.extend(side.iter().map(|w| side_op(w, now)));
-        let mut side_map = (!side.is_empty()).then(|| core.side.lock());
-        let mut locs = Vec::with_capacity(ops.len());
+        let mut side_map = side_keys
+            .first()
+            .map(|(_, hash)| core.side.shard(*hash).lock());
+        let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
-        index::apply_record(&mut map, &ops[0], locs[0]);
+        index::apply_record(&mut map, hash, &token.id, &ops[0], locs[0]);
         if let Some(side_map) = side_map.as_mut() {
-            for (op, loc) in ops.iter().zip(&locs).skip(1) {
-                index::apply_side(side_map, op, *loc);
+            for ((op, loc), (id, hash)) in ops[1..].iter().zip(&locs[1..]).zip(&side_keys) {
+                index::apply_side(side_map, *hash, id.as_bytes(), op, *loc);
             }
         }
         drop(side_map);
@@ -308,17 +335,18 @@ impl Store {
         self.check_usable()?;
         let core = &*self.core;
         let now = self.now();
-        let mut map = core.records.shard(&token.id).lock();
-        held(&map, token, now)?;
+        let hash = core.records.hash(&token.id);
+        let mut map = core.records.shard(hash).lock();
+        held(map.get(hash, &token.id), token, now)?;
         let (scope, key) = split_record_key(&token.id);
         let op = Op::Released {
             scope,
             key,
             fence: token.fence,
         };
-        let mut locs = Vec::with_capacity(1);
-        let appended = core.writer.append(&[op], &mut locs)?;
-        index::apply_record(&mut map, &op, locs[0]);
+        let mut loc = [Loc::default()];
+        let appended = core.writer.append(&[op], &mut loc)?;
+        index::apply_record(&mut map, hash, &token.id, &op, loc[0]);
         drop(map);
         core.writer.commit(appended)
     }
@@ -328,15 +356,16 @@ impl Store {
         self.check_usable()?;
         let core = &*self.core;
         let now = self.now();
-        let mut map = core.records.shard(&token.id).lock();
-        let held = held(&map, token, now)?;
+        let hash = core.records.hash(&token.id);
+        let mut map = core.records.shard(hash).lock();
+        let held = held(map.get(hash, &token.id), token, now)?;
         let op = Op::InProgress {
-            head: head_of(&held, &token.id),
+            head: head_of(token, &held),
             lease_until: now.saturating_add(core.lease_ms),
         };
-        let mut locs = Vec::with_capacity(1);
-        let appended = core.writer.append(&[op], &mut locs)?;
-        index::apply_record(&mut map, &op, locs[0]);
+        let mut loc = [Loc::default()];
+        let appended = core.writer.append(&[op], &mut loc)?;
+        index::apply_record(&mut map, hash, &token.id, &op, loc[0]);
         drop(map);
         core.writer.commit(appended)?;
         Ok(core.options.lease)
@@ -346,26 +375,31 @@ impl Store {
     pub fn get(&self, scope: &[u8], key: &[u8]) -> Result<Option<Record>> {
         self.check_usable()?;
         limits::check_record_key(scope, key)?;
+        let core = &*self.core;
         let now = self.now();
         let id = record_key(scope, key);
-        let map = self.core.records.shard(id.as_bytes()).lock();
-        let Some(entry) = map.get(id.as_bytes()).filter(|e| e.is_live(now)).copied() else {
+        let hash = core.records.hash(id.as_bytes());
+        let map = core.records.shard(hash).lock();
+        let Some(entry) = map
+            .get(hash, id.as_bytes())
+            .filter(|e| e.is_live(now))
+            .copied()
+        else {
             return Ok(None);
         };
-        let file = self.core.segments.get(entry.loc.segment);
+        let file = core.segments.get(entry.loc.segment);
         drop(map);
-        let state = match entry.lease_until {
-            Some(lease) => {
-                self.core.writer.wait_visible(entry.loc.end())?;
-                RecordState::InProgress {
-                    lease_until_ms: lease.get(),
-                }
-            }
-            None => RecordState::Completed(self.read_response(&file, entry.loc)?),
+        let stored = self.read_record(&file, entry.loc)?;
+        let state = match (entry.lease_until, stored.response) {
+            (Some(lease), _) => RecordState::InProgress {
+                lease_until_ms: lease.get(),
+            },
+            (None, Some(response)) => RecordState::Completed(response),
+            (None, None) => return Err(bad_location(&file, entry.loc)),
         };
         Ok(Some(Record {
-            fingerprint: Fingerprint(entry.fingerprint),
-            created_at_ms: entry.created_at,
+            fingerprint: Fingerprint(stored.fingerprint),
+            created_at_ms: stored.created_at,
             expires_at_ms: entry.expires_at,
             fence: entry.fence,
             state,
@@ -376,13 +410,19 @@ impl Store {
     pub fn side_get(&self, namespace: &[u8], key: &[u8]) -> Result<Option<Bytes>> {
         self.check_usable()?;
         limits::check_side_key(namespace, key)?;
+        let core = &*self.core;
         let now = self.now();
         let id = side_key(namespace, key);
-        let map = self.core.side.lock();
-        let Some(entry) = map.get(id.as_bytes()).filter(|e| e.is_live(now)).copied() else {
+        let hash = core.side.hash(id.as_bytes());
+        let map = core.side.shard(hash).lock();
+        let Some(entry) = map
+            .get(hash, id.as_bytes())
+            .filter(|e| e.is_live(now))
+            .copied()
+        else {
             return Ok(None);
         };
-        let file = self.core.segments.get(entry.loc.segment);
+        let file = core.segments.get(entry.loc.segment);
         drop(map);
         let bytes = self.read_op(&file, entry.loc)?;
         match op::decode_at(&bytes) {
@@ -395,19 +435,32 @@ impl Store {
     pub fn side_write(&self, writes: &[SideWrite]) -> Result<()> {
         self.check_usable()?;
         let core = &*self.core;
-        if writes.is_empty() {
+        let Some(first) = writes.first() else {
             return Ok(());
-        }
+        };
         for write in writes {
             limits::check_side_write(write, core.options.max_value_bytes)?;
         }
         let now = self.now();
         let ops: Vec<Op<'_>> = writes.iter().map(|w| side_op(w, now)).collect();
-        let mut map = core.side.lock();
-        let mut locs = Vec::with_capacity(ops.len());
+        let keys: Vec<_> = writes
+            .iter()
+            .map(|w| {
+                let (namespace, key) = w.namespace_and_key();
+                let id = side_key(namespace, key);
+                let hash = core.side.hash(id.as_bytes());
+                (id, hash)
+            })
+            .collect();
+        let (namespace, key) = first.namespace_and_key();
+        let mut map = core
+            .side
+            .shard(core.side.hash(side_key(namespace, key).as_bytes()))
+            .lock();
+        let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
-        for (op, loc) in ops.iter().zip(&locs) {
-            index::apply_side(&mut map, op, *loc);
+        for ((op, loc), (id, hash)) in ops.iter().zip(&locs).zip(&keys) {
+            index::apply_side(&mut map, *hash, id.as_bytes(), op, *loc);
         }
         drop(map);
         core.writer.commit(appended)
@@ -438,10 +491,11 @@ impl Store {
                 stats.in_progress += usize::from(entry.lease_until.is_some());
             }
         }
-        let side = core.side.lock();
-        stats.index_entries += side.len();
-        stats.side_records = side.values().filter(|e| e.is_live(now)).count();
-        drop(side);
+        for shard in core.side.shards() {
+            let map = shard.lock();
+            stats.index_entries += map.len();
+            stats.side_records += map.values().filter(|e| e.is_live(now)).count();
+        }
         let segments = core.segments.all();
         stats.segments = segments.len();
         stats.disk_bytes = segments.iter().filter_map(|s| s.file.size().ok()).sum();
@@ -458,7 +512,7 @@ impl Store {
         stats
     }
 
-    /// Flushes and syncs everything, stops the background thread, and makes every handle of this
+    /// Flushes and syncs everything, stops the background threads, and makes every handle of this
     /// store fail with [`Error::Closed`]. The directory lock is released when the last handle drops.
     pub fn close(&self) -> Result<()> {
         if self.core.closed.swap(true, Ordering::AcqRel) {
@@ -469,39 +523,60 @@ impl Store {
         self.core.writer.sync_all()
     }
 
+    /// The bytes of the operation at `loc`, once the log is visible up to it.
     fn read_op(&self, file: &SegmentFile, loc: Loc) -> Result<Bytes> {
         self.core.writer.wait_visible(loc.end())?;
         file.read(loc)
     }
 
-    fn read_response(&self, file: &SegmentFile, loc: Loc) -> Result<StoredResponse> {
+    /// The record snapshot at `loc`: its full fingerprint, creation time and, if completed, response.
+    fn read_record(&self, file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
         let bytes = self.read_op(file, loc)?;
-        match op::decode_at(&bytes) {
-            Ok(Op::Completed {
+        let bad = || bad_location(file, loc);
+        match op::decode_at(&bytes).map_err(|_| bad())? {
+            Op::InProgress { head, .. } => Ok(StoredRecord {
+                fingerprint: head.fingerprint,
+                created_at: head.created_at,
+                response: None,
+            }),
+            Op::Completed {
+                head,
                 response: Response::Encoded(raw),
-                ..
-            }) => op::response_from(&bytes, raw).map_err(|_| bad_location(file, loc)),
-            _ => Err(bad_location(file, loc)),
+            } => Ok(StoredRecord {
+                fingerprint: head.fingerprint,
+                created_at: head.created_at,
+                response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
+            }),
+            _ => Err(bad()),
         }
     }
 }
 
+/// A record read back from the log.
+struct StoredRecord {
+    fingerprint: [u8; 32],
+    created_at: u64,
+    response: Option<StoredResponse>,
+}
+
 impl Core {
-    /// Removes records and side records whose TTL has passed from memory; returns how many. Their
-    /// bytes on disk are reclaimed by compaction.
+    /// Removes records and side records whose TTL has passed from memory; returns how many.
     pub(crate) fn sweep(&self) -> usize {
         let now = self.options.clock.now_ms();
         let mut removed = 0;
         for shard in self.records.shards() {
             let mut map = shard.lock();
             let before = map.len();
-            map.retain(|_, e| e.is_live(now));
+            map.retain(|e| e.is_live(now));
             removed += before - map.len();
         }
-        let mut side = self.side.lock();
-        let before = side.len();
-        side.retain(|_, e| e.is_live(now));
-        removed + before - side.len()
+        for shard in self.side.shards() {
+            let mut map = shard.lock();
+            let before = map.len();
+            map.retain(|e| e.is_live(now));
+            removed += before - map.len();
+        }
+        removed
     }
 }
 
@@ -533,9 +608,9 @@ impl Drop for Threads {
     }
 }
 
-/// The held entry for a token, or `LeaseLost`.
-fn held(map: &Shard<Entry>, token: &ClaimToken, now: u64) -> Result<Entry> {
-    match map.get(&token.id) {
+/// The entry a token holds, or `LeaseLost`.
+fn held(entry: Option<&Entry>, token: &ClaimToken, now: u64) -> Result<Entry> {
+    match entry {
         Some(e) if e.fence == token.fence && e.lease_until.is_some() && e.is_live(now) => Ok(*e),
         _ => {
             let (scope, key) = split_record_key(&token.id);
@@ -548,14 +623,15 @@ fn held(map: &Shard<Entry>, token: &ClaimToken, now: u64) -> Result<Entry> {
     }
 }
 
-fn head_of<'a>(entry: &Entry, id: &'a [u8]) -> Head<'a> {
-    let (scope, key) = split_record_key(id);
+/// The snapshot head of the record a token holds.
+fn head_of<'a>(token: &'a ClaimToken, entry: &Entry) -> Head<'a> {
+    let (scope, key) = split_record_key(&token.id);
     Head {
         scope,
         key,
-        fingerprint: entry.fingerprint,
-        fence: entry.fence,
-        created_at: entry.created_at,
+        fingerprint: token.fingerprint,
+        fence: token.fence,
+        created_at: token.created_at,
         expires_at: entry.expires_at,
     }
 }

@@ -15,7 +15,7 @@ fn step() -> impl Strategy<Value = Step> {
 /// Steps with compaction `compact_weight` times as likely as a reopen.
 fn steps_weighted(compact_weight: u32) -> impl Strategy<Value = Step> {
     prop_oneof![
-        6 => (any::<u8>(), any::<u8>(), 0u8..3, any::<u8>())
+        6 => (any::<u8>(), any::<u8>(), 0u8..4, any::<u8>())
             .prop_map(|(scope, key, fp, ttl)| Step::Claim { scope, key, fp, ttl }),
         4 => (any::<u8>(), prop::sample::select(vec![200u16, 201, 400, 422]), any::<u8>(), any::<bool>())
             .prop_map(|(token, status, body_len, side)| Step::Complete { token, status, body_len, side }),

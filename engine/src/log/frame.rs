@@ -16,7 +16,7 @@
 //! candidate position, not a payload's worth. A frame is accepted only if both checksums hold; the
 //! operations inside it are then applied together or not at all.
 
-use crate::codec::{Decoder, Encoder, put_u32_at};
+use crate::codec::{Decoder, put_u32_at, put_u64_at};
 
 /// Bytes before the payload.
 pub(crate) const HEADER_LEN: usize = 24;
@@ -69,16 +69,12 @@ pub(crate) fn encode(
     let payload_len = buf.len() - start - HEADER_LEN;
     assert!(payload_len <= MAX_PAYLOAD, "callers bound frame payloads");
     let payload_crc = crc32fast::hash(&buf[start + HEADER_LEN..]);
-    let mut header = Vec::with_capacity(HEADER_LEN);
-    {
-        let mut e = Encoder::new(&mut header);
-        e.u32(payload_len as u32);
-        e.u32(payload_crc);
-        e.u64(sync_mark);
-        e.u8(tag);
-        e.raw(&[0; 3]);
-        e.u32(0);
-    }
+    // On the stack: this runs once per append.
+    let mut header = [0u8; HEADER_LEN];
+    put_u32_at(&mut header, 0, payload_len as u32);
+    put_u32_at(&mut header, 4, payload_crc);
+    put_u64_at(&mut header, 8, sync_mark);
+    header[16] = tag;
     let header_crc = crc32fast::hash(&header[..HEADER_LEN - 4]);
     put_u32_at(&mut header, HEADER_LEN - 4, header_crc);
     buf[start..start + HEADER_LEN].copy_from_slice(&header);

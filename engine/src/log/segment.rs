@@ -131,7 +131,7 @@ impl Pos {
 }
 
 /// Where one operation lives: the bytes `[offset, offset + len)` of a segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Loc {
     pub(crate) segment: u32,
     pub(crate) offset: u32,

@@ -146,9 +146,10 @@ impl LogWriter {
         Error::Poisoned(cause)
     }
 
-    /// Encodes `ops` as one frame at the end of the log and pushes each operation's location onto
-    /// `locs`. Nothing is durable yet: pass the result to [`LogWriter::commit`].
-    pub(crate) fn append(&self, ops: &[Op<'_>], locs: &mut Vec<Loc>) -> Result<Appended> {
+    /// Encodes `ops` as one frame at the end of the log and stores each operation's location in the
+    /// matching element of `locs`. Nothing is durable yet: pass the result to [`LogWriter::commit`].
+    pub(crate) fn append(&self, ops: &[Op<'_>], locs: &mut [Loc]) -> Result<Appended> {
+        assert_eq!(ops.len(), locs.len(), "one location per operation");
         let payload: usize = ops.iter().map(Op::encoded_len).sum();
         if payload > MAX_PAYLOAD {
             return Err(Error::TooLarge {
@@ -169,14 +170,14 @@ impl LogWriter {
         let segment = st.active.id;
         let start = st.buf.len();
         frame::encode(&mut st.buf, TAG_OPS, u64::from(st.synced), |buf| {
-            for op in ops {
+            for (op, loc) in ops.iter().zip(locs.iter_mut()) {
                 let before = buf.len();
                 op.encode(buf);
-                locs.push(Loc {
+                *loc = Loc {
                     segment,
                     offset: (base + before - start) as u32,
                     len: (buf.len() - before) as u32,
-                });
+                };
             }
         });
         debug_assert_eq!(st.buf.len() - start, frame_len);
