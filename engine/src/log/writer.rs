@@ -96,6 +96,7 @@ impl LogWriter {
         len: u32,
     ) -> Self {
         let pos = Pos::new(active.id, len).0;
+        map_ahead(&active, segment_size);
         Self {
             storage,
             dir,
@@ -338,6 +339,7 @@ impl LogWriter {
             Err(e) => return Err(self.poison(st, e)),
         };
         let len = segment::HEADER_LEN as u32;
+        map_ahead(&next, self.segment_size);
         st.active = next;
         st.written = len;
         st.synced = len;
@@ -347,6 +349,14 @@ impl LogWriter {
         self.synced.store(pos, Ordering::Release);
         Ok(())
     }
+}
+
+/// Maps the active segment for reads up to its expected size. A failure only costs speed: reads then
+/// use `pread`.
+fn map_ahead(segment: &SegmentFile, segment_size: u32) {
+    let _ = segment
+        .file
+        .map_for_reads(u64::from(segment_size) + super::frame::MAX_PAYLOAD as u64);
 }
 
 /// Creates log segment `id` durably (header written and synced, directory synced) and registers it.

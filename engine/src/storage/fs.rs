@@ -1,8 +1,9 @@
 //! The real file system.
 //!
-//! Reads of sealed (immutable) files go through a read-only memory map, so a replayed response is a
-//! slice of the page cache with no copy and no system call; files still being appended to are read with
-//! `pread`.
+//! Reads go through a read-only memory map when one exists, so a replayed response is a slice of the
+//! page cache with no copy and no system call: sealed files are mapped whole, and the segment being
+//! appended to is mapped ahead of its end (see `map_for_reads`). Anything the map does not cover is
+//! read with `pread`.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
@@ -11,9 +12,12 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapOptions};
 
 use super::{LockGuard, Storage, StorageFile};
+
+/// Reads at least this long share the memory map instead of copying out of it.
+const SHARE_FROM: usize = 64 << 10;
 
 /// [`Storage`] on the operating system's file system.
 #[derive(Debug, Default, Clone, Copy)]
@@ -100,16 +104,19 @@ impl StorageFile for FsFile {
 
     fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         if let Some(map) = self.map.get() {
-            let start = usize::try_from(offset).map_err(|_| short_read())?;
-            let end = start.checked_add(len).ok_or_else(short_read)?;
-            if end > map.len() {
-                return Err(short_read());
+            let start = usize::try_from(offset).unwrap_or(usize::MAX);
+            if let Some(end) = start.checked_add(len).filter(|&end| end <= map.len()) {
+                // Small reads are copied out: sharing the map would put one reference count, bounced
+                // between cores, on every replay. Large ones share it and skip the copy.
+                if len < SHARE_FROM {
+                    return Ok(Bytes::copy_from_slice(&map[start..end]));
+                }
+                return Ok(Bytes::from_owner(MapSlice {
+                    map: Arc::clone(map),
+                    start,
+                    end,
+                }));
             }
-            return Ok(Bytes::from_owner(MapSlice {
-                map: Arc::clone(map),
-                start,
-                end,
-            }));
         }
         let mut buf = vec![0u8; len];
         self.file.read_exact_at(&mut buf, offset)?;
@@ -139,6 +146,22 @@ impl StorageFile for FsFile {
         }
         Ok(())
     }
+
+    fn map_for_reads(&self, len: u64) -> io::Result<()> {
+        let Ok(len) = usize::try_from(len) else {
+            return Ok(());
+        };
+        if self.map.get().is_none() && len > 0 {
+            // SAFETY: the mapping may extend past the end of the file, where touching a page would
+            // raise SIGBUS; the engine only reads ranges it has already written (every read waits
+            // until the writer's written position covers it) and never truncates this file while it
+            // is open, so no access reaches past the end. Writes go through `pwrite` into the same
+            // page cache the mapping shows. The other promises are those of `seal`.
+            let map = unsafe { MmapOptions::new().len(len).map(&self.file)? };
+            let _ = self.map.set(Arc::new(map));
+        }
+        Ok(())
+    }
 }
 
 /// Keeps a mapping alive for as long as a `Bytes` slice of it exists.
@@ -152,11 +175,4 @@ impl AsRef<[u8]> for MapSlice {
     fn as_ref(&self) -> &[u8] {
         &self.map[self.start..self.end]
     }
-}
-
-fn short_read() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        "read past the end of a sealed file",
-    )
 }
