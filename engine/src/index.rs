@@ -363,6 +363,8 @@ pub(crate) fn apply_side(map: &mut Table<SideEntry>, hash: u64, id: &[u8], op: &
 }
 
 /// The index key of an operation: a record key, a side key, or none (fence floor).
+// A short-lived stack value built once per replayed operation; boxing would allocate each time.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum OpKey {
     Record(RecordKey),
     Side(SideKey),
