@@ -141,43 +141,42 @@ impl<V> Table<V> {
         self.slot(index).as_ref().map(|(_, v)| v)
     }
 
-    pub(crate) fn get_mut(&mut self, hash: u64, key: &[u8]) -> Option<&mut V> {
-        let index = self.find(hash, key)?;
-        self.slot_mut(index).as_mut().map(|(_, v)| v)
-    }
-
-    /// Inserts or replaces.
+    /// Inserts or replaces, with one probe of the table.
     pub(crate) fn insert(&mut self, hash: u64, key: &[u8], value: V) {
-        if let Some(slot) = self.get_mut(hash, key) {
-            *slot = value;
-            return;
-        }
+        let h = hash as u32;
+        let chunks = &self.chunks;
+        let entry = self.table.entry(
+            spread(h),
+            |b| b.hash == h && Self::key_at(chunks, b.slot) == key,
+            |b| spread(b.hash),
+        );
+        let vacant = match entry {
+            hashbrown::hash_table::Entry::Occupied(occupied) => {
+                let slot = occupied.get().slot;
+                if let Some((_, v)) = self.slot_mut(slot) {
+                    *v = value;
+                }
+                return;
+            }
+            hashbrown::hash_table::Entry::Vacant(vacant) => vacant,
+        };
         let index = match self.free.pop() {
             Some(index) => index,
             None => {
-                let len = self.chunks.last().map_or(CHUNK, Vec::len);
-                if len == CHUNK {
+                if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
                     self.chunks.push(Vec::with_capacity(CHUNK));
                 }
-                let index =
-                    (self.chunks.len() - 1) * CHUNK + self.chunks.last().map_or(0, Vec::len);
-                self.chunks
-                    .last_mut()
-                    .expect("a chunk was just ensured")
-                    .push(None);
+                let last = self.chunks.len() - 1;
+                let index = last * CHUNK + self.chunks[last].len();
+                self.chunks[last].push(None);
                 u32::try_from(index).expect("fewer than 4 billion keys per shard")
             }
         };
+        vacant.insert(Bucket {
+            slot: index,
+            hash: h,
+        });
         *self.slot_mut(index) = Some((key.into(), value));
-        let h = hash as u32;
-        self.table.insert_unique(
-            spread(h),
-            Bucket {
-                slot: index,
-                hash: h,
-            },
-            |b| spread(b.hash),
-        );
     }
 
     pub(crate) fn remove(&mut self, hash: u64, key: &[u8]) -> Option<V> {
@@ -359,28 +358,6 @@ pub(crate) fn apply_side(map: &mut Table<SideEntry>, hash: u64, id: &[u8], op: &
             map.remove(hash, id);
         }
         _ => {}
-    }
-}
-
-/// The index key of an operation: a record key, a side key, or none (fence floor).
-// A short-lived stack value built once per replayed operation; boxing would allocate each time.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum OpKey {
-    Record(RecordKey),
-    Side(SideKey),
-    None,
-}
-
-pub(crate) fn key_of(op: &Op<'_>) -> OpKey {
-    match op {
-        Op::InProgress { head, .. } | Op::Completed { head, .. } => {
-            OpKey::Record(record_key(head.scope, head.key))
-        }
-        Op::Released { scope, key, .. } => OpKey::Record(record_key(scope, key)),
-        Op::SidePut { namespace, key, .. } | Op::SideRemove { namespace, key } => {
-            OpKey::Side(side_key(namespace, key))
-        }
-        Op::FenceFloor { .. } => OpKey::None,
     }
 }
 

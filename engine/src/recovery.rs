@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Corruption, Error, Result};
-use crate::index::{self, Entry, OpKey, Sharded, SideEntry};
+use crate::index::{self, Entry, Sharded, SideEntry};
 use crate::log::frame::{self, FrameDamage, TAG_OPS};
 use crate::log::op::{self, Op, OpError};
 use crate::log::segment::{self, Kind, Loc};
@@ -77,19 +77,27 @@ impl Replay<'_> {
             Op::FenceFloor { next_fence } => self.next_fence = self.next_fence.max(*next_fence),
             _ => {}
         }
-        match index::key_of(op) {
-            OpKey::Record(id) => {
-                let id = id.as_bytes();
-                let hash = self.records.hash(id);
-                index::apply_record(&mut self.records.shard(hash).lock(), hash, id, op, loc);
+        match op {
+            Op::InProgress { head, .. } | Op::Completed { head, .. } => {
+                self.apply_record(&index::record_key(head.scope, head.key), op, loc);
             }
-            OpKey::Side(id) => {
+            Op::Released { scope, key, .. } => {
+                self.apply_record(&index::record_key(scope, key), op, loc);
+            }
+            Op::SidePut { namespace, key, .. } | Op::SideRemove { namespace, key } => {
+                let id = index::side_key(namespace, key);
                 let id = id.as_bytes();
                 let hash = self.side.hash(id);
                 index::apply_side(&mut self.side.shard(hash).lock(), hash, id, op, loc);
             }
-            OpKey::None => {}
+            Op::FenceFloor { .. } => {}
         }
+    }
+
+    fn apply_record(&self, id: &index::RecordKey, op: &Op<'_>, loc: Loc) {
+        let id = id.as_bytes();
+        let hash = self.records.hash(id);
+        index::apply_record(&mut self.records.shard(hash).lock(), hash, id, op, loc);
     }
 }
 
