@@ -200,19 +200,17 @@ mod tests {
     }
 
     #[test]
-    fn durations_without_a_unit_or_zero_are_refused() {
-        for bad in [
-            "30",
-            "",
-            "s",
-            "0s",
-            "1.5s",
-            "10x",
-            "-1s",
-            "99999999999999999999d",
-        ] {
+    fn durations_without_a_whole_number_and_unit_are_refused() {
+        for bad in ["30", "", "s", "1.5s", "10x", "-1s", "99999999999999999999d"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
         }
+    }
+
+    #[test]
+    fn zero_is_a_duration_but_not_a_positive_one() {
+        assert_eq!(parse_duration("0ms"), Ok(Duration::ZERO));
+        assert!(parse_positive_duration("0s").is_err());
+        assert_eq!(parse_positive_duration("1ms"), Ok(Duration::from_millis(1)));
     }
 
     #[test]
