@@ -49,6 +49,8 @@ mod codec;
 mod compaction;
 mod dir_lock;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod index;
 mod limits;
 mod log;

@@ -200,12 +200,18 @@ fn encode_response(e: &mut Encoder<'_>, r: &StoredResponse) {
     e.bytes32(&r.body);
 }
 
-fn decode_head<'a>(d: &mut Decoder<'a>) -> Result<Head<'a>, OpError> {
+/// A record's scope and key: 1–255 bytes each.
+fn record_id<'a>(d: &mut Decoder<'a>) -> Result<(&'a [u8], &'a [u8]), OpError> {
     let scope = d.bytes8()?;
     let key = d.bytes8()?;
     if scope.is_empty() || key.is_empty() {
         return Err(OpError::Malformed("empty scope or key"));
     }
+    Ok((scope, key))
+}
+
+fn decode_head<'a>(d: &mut Decoder<'a>) -> Result<Head<'a>, OpError> {
+    let (scope, key) = record_id(d)?;
     Ok(Head {
         scope,
         key,
@@ -232,12 +238,17 @@ fn decode_response_extent<'a>(d: &mut Decoder<'a>, whole: &'a [u8]) -> Result<&'
     Ok(&whole[start..d.position()])
 }
 
-fn side_key<'a>(d: &mut Decoder<'a>) -> Result<&'a [u8], OpError> {
+/// A side record's namespace (1–255 bytes) and key (1–1024 bytes).
+fn side_id<'a>(d: &mut Decoder<'a>) -> Result<(&'a [u8], &'a [u8]), OpError> {
+    let namespace = d.bytes8()?;
     let key = d.bytes16()?;
+    if namespace.is_empty() || key.is_empty() {
+        return Err(OpError::Malformed("empty side namespace or key"));
+    }
     if key.len() > crate::limits::MAX_SIDE_KEY {
         return Err(OpError::Malformed("side key too long"));
     }
-    Ok(key)
+    Ok((namespace, key))
 }
 
 /// Decodes every operation in a frame payload, each with its offset and length inside the payload.
@@ -267,21 +278,27 @@ fn decode_one<'a>(d: &mut Decoder<'a>, whole: &'a [u8]) -> Result<Op<'a>, OpErro
             head: decode_head(d)?,
             response: Response::Encoded(decode_response_extent(d, whole)?),
         },
-        RELEASED => Op::Released {
-            scope: d.bytes8()?,
-            key: d.bytes8()?,
-            fence: d.u64()?,
-        },
-        SIDE_PUT => Op::SidePut {
-            namespace: d.bytes8()?,
-            key: side_key(d)?,
-            expires_at: d.u64()?,
-            value: d.bytes32()?,
-        },
-        SIDE_REMOVE => Op::SideRemove {
-            namespace: d.bytes8()?,
-            key: side_key(d)?,
-        },
+        RELEASED => {
+            let (scope, key) = record_id(d)?;
+            Op::Released {
+                scope,
+                key,
+                fence: d.u64()?,
+            }
+        }
+        SIDE_PUT => {
+            let (namespace, key) = side_id(d)?;
+            Op::SidePut {
+                namespace,
+                key,
+                expires_at: d.u64()?,
+                value: d.bytes32()?,
+            }
+        }
+        SIDE_REMOVE => {
+            let (namespace, key) = side_id(d)?;
+            Op::SideRemove { namespace, key }
+        }
         FENCE_FLOOR => Op::FenceFloor {
             next_fence: d.u64()?,
         },
@@ -391,6 +408,21 @@ mod tests {
     #[test]
     fn unknown_op_tag_is_rejected() {
         assert_eq!(decode_all(&[0x7f]).err(), Some(OpError::UnknownTag(0x7f)));
+    }
+
+    #[test]
+    fn empty_names_are_malformed_in_every_operation() {
+        // Found by the frame_decode fuzz target: FORMAT.md says scope, key and side key are never
+        // empty, and the writer never writes them empty, but releases and side operations were read.
+        let released = [RELEASED, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let side_remove = [SIDE_REMOVE, 0, 0, 0];
+        let side_put_empty_key = [SIDE_PUT, 1, b'n', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        for bytes in [&released[..], &side_remove, &side_put_empty_key] {
+            assert!(
+                matches!(decode_all(bytes), Err(OpError::Malformed(_))),
+                "{bytes:?} accepted"
+            );
+        }
     }
 
     #[test]
