@@ -14,6 +14,8 @@
 pub mod app;
 pub mod auth;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod idempotency;
 pub mod metrics;
 pub mod payments;

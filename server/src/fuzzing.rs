@@ -1,0 +1,128 @@
+//! Entry points for the fuzz targets in `fuzz/` that attack what the server reads from the wire, and
+//! for the test that replays their corpus (`tests/fuzz_corpus.rs`). Not part of the stable API.
+//!
+//! Each function takes arbitrary bytes and panics when an invariant fails; the fuzzer reports the panic
+//! as a crash.
+
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use idemlog::Fingerprint;
+use serde_json::Value;
+
+use crate::idempotency::fingerprint::{FingerprintMode, canonical_json, fingerprint};
+use crate::idempotency::key::{self, HEADER, KeyError};
+
+/// Parses `bytes` as an `Idempotency-Key` header value.
+///
+/// Panics if an accepted key is not 1–255 visible ASCII characters; if its quoted form (`"…"` with
+/// `\"` and `\\` escapes), or its bare form when it does not start with `"`, parses to another key;
+/// if reading the header from a request's headers disagrees with parsing the value; or if a refusal
+/// is not a 400.
+pub fn idempotency_key(bytes: &[u8]) {
+    let parsed = key::parse(bytes);
+    if let Ok(value) = HeaderValue::from_bytes(bytes) {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER, value.clone());
+        assert_eq!(key::from_headers(&headers), parsed, "header map vs value");
+        headers.append(HEADER, value);
+        assert_eq!(key::from_headers(&headers), Err(KeyError::Repeated));
+    }
+    match parsed {
+        Ok(k) => {
+            let s = k.as_str();
+            assert!((1..=key::MAX_LEN).contains(&s.len()), "length of {s:?}");
+            assert!(
+                s.bytes().all(|b| b.is_ascii_graphic()),
+                "characters of {s:?}"
+            );
+            assert_eq!(key::parse(&quote(s)), Ok(k.clone()), "quoted form of {s:?}");
+            if !s.starts_with('"') {
+                assert_eq!(
+                    key::parse(s.as_bytes()),
+                    Ok(k.clone()),
+                    "bare form of {s:?}"
+                );
+            }
+        }
+        Err(e) => assert_eq!(e.to_problem().status, StatusCode::BAD_REQUEST),
+    }
+}
+
+/// The structured-field string form of a key.
+fn quote(key: &str) -> Vec<u8> {
+    let mut out = vec![b'"'];
+    for b in key.bytes() {
+        if matches!(b, b'"' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'"');
+    out
+}
+
+/// The canonical form of a JSON body, or `None` if it is not JSON.
+pub fn canonical(body: &[u8]) -> Option<Vec<u8>> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::new();
+    canonical_json(&value, &mut out);
+    Some(out)
+}
+
+fn fp(mode: FingerprintMode, content_type: Option<&'static str>, body: &[u8]) -> Fingerprint {
+    let mut headers = HeaderMap::new();
+    if let Some(content_type) = content_type {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    }
+    fingerprint(mode, &Method::POST, "/payments", None, &headers, body)
+}
+
+/// Fingerprints `bytes` as a request body.
+///
+/// Panics unless: a body that is JSON has a canonical form that is UTF-8 JSON and its own canonical
+/// form (`canonical(canonical(x)) == canonical(x)`); the body, its canonical form and its
+/// re-serialisations (compact and pretty) have one fingerprint under a JSON content type; and a body
+/// that is not JSON, or not sent as JSON, or any body in exact-bytes mode, is hashed byte for byte.
+pub fn json_fingerprint(bytes: &[u8]) {
+    use FingerprintMode::{CanonicalJson, ExactBytes};
+    const JSON: Option<&str> = Some("application/json");
+    let exact = fp(ExactBytes, JSON, bytes);
+    assert_eq!(fp(CanonicalJson, None, bytes), exact, "no content type");
+    assert_eq!(fp(CanonicalJson, Some("text/plain"), bytes), exact);
+    let Some(canonical_form) = canonical(bytes) else {
+        assert_eq!(
+            fp(CanonicalJson, JSON, bytes),
+            exact,
+            "a body that is not JSON"
+        );
+        return;
+    };
+    let text = std::str::from_utf8(&canonical_form).expect("the canonical form is UTF-8");
+    let again = canonical(&canonical_form)
+        .unwrap_or_else(|| panic!("the canonical form {text} is not JSON"));
+    assert_eq!(again, canonical_form, "canonical(canonical(x)) for {text}");
+
+    let want = fp(CanonicalJson, JSON, bytes);
+    assert_eq!(fp(CanonicalJson, JSON, &canonical_form), want, "{text}");
+    assert_eq!(
+        fp(
+            CanonicalJson,
+            Some("application/merge-patch+json; charset=utf-8"),
+            bytes
+        ),
+        want,
+        "another JSON media type"
+    );
+    let value: Value = serde_json::from_slice(bytes).expect("parsed above");
+    for reserialised in [
+        serde_json::to_vec(&value).expect("a value serialises"),
+        serde_json::to_vec_pretty(&value).expect("a value serialises"),
+    ] {
+        assert_eq!(
+            fp(CanonicalJson, JSON, &reserialised),
+            want,
+            "re-serialised as {}",
+            String::from_utf8_lossy(&reserialised)
+        );
+    }
+}
