@@ -216,6 +216,19 @@ mod tests {
     }
 
     #[test]
+    fn canonical_numbers_are_their_own_canonical_form() {
+        // Found by the json_fingerprint fuzz target: without serde_json's `float_roundtrip`, parsing
+        // the shortest form of a float could give a neighbouring float, so canonical(canonical(x))
+        // differed from canonical(x) and a client echoing the canonical form got another fingerprint.
+        let once = canonical("123456789012345678903456789012345671234567890");
+        assert_eq!(canonical(&once), once);
+        assert_eq!(
+            canonical("1.2345678901234569e+44"),
+            "1.2345678901234569e+44"
+        );
+    }
+
+    #[test]
     fn canonical_strings_use_minimal_escapes() {
         assert_eq!(canonical(r#""a\u0041\n\u0001\/é""#), "\"aA\\n\\u0001/é\"");
     }
