@@ -5,8 +5,10 @@
 //! has released its index lock. There, callers elect a leader: the first caller that finds no flush in
 //! progress takes the whole buffer (its own frame and everything appended since the last flush), writes
 //! it with one `pwrite`, and issues one fdatasync, with the mutex released; everyone else waits on a
-//! condition variable until the durable position passes their own. Throughput therefore grows with the
-//! number of concurrent callers instead of being capped at one fdatasync per operation.
+//! condition variable until the durable position passes their own. A leader whose own frames are durable
+//! flushes what others appended meanwhile before it returns (a few rounds at most), so the disk does not
+//! idle while a sleeping follower is scheduled. Throughput therefore grows with the number of concurrent
+//! callers instead of being capped at one fdatasync per operation.
 //!
 //! Invariants:
 //! - Frames reach the file in append order, each whole: the buffer only ever holds whole frames and a
@@ -31,6 +33,9 @@ use super::segments::{SegmentFile, Segments};
 use crate::error::{Error, Result};
 use crate::options::Durability;
 use crate::storage::Storage;
+
+/// Flush rounds a leader runs for others after its own frames are durable.
+const EXTRA_ROUNDS: u32 = 4;
 
 /// In `Durability::None`, a caller that finds this much buffered writes it out itself.
 const NONE_FLUSH_BYTES: usize = 256 << 10;
@@ -96,7 +101,6 @@ impl LogWriter {
         len: u32,
     ) -> Self {
         let pos = Pos::new(active.id, len).0;
-        map_ahead(&active, segment_size);
         Self {
             storage,
             dir,
@@ -255,8 +259,16 @@ impl LogWriter {
             }
             if st.flushing {
                 self.flushed.wait(&mut st);
-            } else {
+                continue;
+            }
+            self.lead(&mut st, sync)?;
+            // Frames appended during that flush belong to callers now asleep; flushing them at once
+            // keeps the disk busy instead of waiting for one of them to be scheduled and lead. Bounded,
+            // so this caller's own latency stays bounded too.
+            let mut extra = 0;
+            while reached(self) && !st.buf.is_empty() && extra < EXTRA_ROUNDS {
                 self.lead(&mut st, sync)?;
+                extra += 1;
             }
         }
     }
@@ -339,7 +351,6 @@ impl LogWriter {
             Err(e) => return Err(self.poison(st, e)),
         };
         let len = segment::HEADER_LEN as u32;
-        map_ahead(&next, self.segment_size);
         st.active = next;
         st.written = len;
         st.synced = len;
@@ -349,14 +360,6 @@ impl LogWriter {
         self.synced.store(pos, Ordering::Release);
         Ok(())
     }
-}
-
-/// Maps the active segment for reads up to its expected size. A failure only costs speed: reads then
-/// use `pread`.
-fn map_ahead(segment: &SegmentFile, segment_size: u32) {
-    let _ = segment
-        .file
-        .map_for_reads(u64::from(segment_size) + super::frame::MAX_PAYLOAD as u64);
 }
 
 /// Creates log segment `id` durably (header written and synced, directory synced) and registers it.

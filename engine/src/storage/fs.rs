@@ -1,9 +1,9 @@
 //! The real file system.
 //!
-//! Reads go through a read-only memory map when one exists, so a replayed response is a slice of the
-//! page cache with no copy and no system call: sealed files are mapped whole, and the segment being
-//! appended to is mapped ahead of its end (see `map_for_reads`). Anything the map does not cover is
-//! read with `pread`.
+//! Reads of sealed (immutable) files go through a read-only memory map, with no system call; the
+//! segment being appended to is read with `pread`. (Mapping the active segment too was tried: on this
+//! kernel and ext4, fdatasync of a file with a shared mapping was 16 times slower, which group commit
+//! cannot afford.)
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use memmap2::{Mmap, MmapOptions};
+use memmap2::Mmap;
 
 use super::{LockGuard, Storage, StorageFile};
 
@@ -142,22 +142,6 @@ impl StorageFile for FsFile {
             // existing mappings valid. A third party truncating our files under us is outside the
             // contract (as for every mmap-based store).
             let map = unsafe { Mmap::map(&self.file)? };
-            let _ = self.map.set(Arc::new(map));
-        }
-        Ok(())
-    }
-
-    fn map_for_reads(&self, len: u64) -> io::Result<()> {
-        let Ok(len) = usize::try_from(len) else {
-            return Ok(());
-        };
-        if self.map.get().is_none() && len > 0 {
-            // SAFETY: the mapping may extend past the end of the file, where touching a page would
-            // raise SIGBUS; the engine only reads ranges it has already written (every read waits
-            // until the writer's written position covers it) and never truncates this file while it
-            // is open, so no access reaches past the end. Writes go through `pwrite` into the same
-            // page cache the mapping shows. The other promises are those of `seal`.
-            let map = unsafe { MmapOptions::new().len(len).map(&self.file)? };
             let _ = self.map.set(Arc::new(map));
         }
         Ok(())

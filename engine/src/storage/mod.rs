@@ -55,13 +55,6 @@ pub trait StorageFile: Send + Sync + 'static {
     fn seal(&self) -> io::Result<()> {
         Ok(())
     }
-    /// A hint that the file, still being appended to, will be read only at offsets below what has
-    /// been written, and will not grow past `len` for the most part: reads may use a memory map of
-    /// that length. Reads beyond it must still work.
-    fn map_for_reads(&self, len: u64) -> io::Result<()> {
-        let _ = len;
-        Ok(())
-    }
 }
 
 /// Holds a directory lock until dropped.
