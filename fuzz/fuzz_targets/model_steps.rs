@@ -1,0 +1,4 @@
+//! Operation sequences against the reference model (see `idemlog::fuzzing::run_steps`).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog::fuzzing::run_steps(data));
