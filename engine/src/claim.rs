@@ -59,6 +59,7 @@ pub struct ClaimToken {
     /// fence proves they still describe the record.
     pub(crate) fingerprint: [u8; 32],
     pub(crate) created_at: u64,
+    pub(crate) expires_at: u64,
 }
 
 impl ClaimToken {
@@ -80,6 +81,12 @@ impl ClaimToken {
     /// Set when this claim replaced an existing record.
     pub fn takeover(&self) -> Option<Takeover> {
         self.takeover
+    }
+
+    /// When the claimed record expires (ms since the Unix epoch): downstream keys derived from this
+    /// one should live as long.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_at
     }
 }
 

@@ -276,6 +276,7 @@ impl Store {
                 takeover,
                 fingerprint: fingerprint.0,
                 created_at: now,
+                expires_at: now.saturating_add(ttl_ms),
             }));
         }
     }

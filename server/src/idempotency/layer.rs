@@ -294,10 +294,7 @@ where
             let outcome = store.claim(scope, key, &fp, ttl)?;
             // The record's expiry, for handlers whose downstream keys must live as long as ours.
             let expires_at_ms = match &outcome {
-                ClaimOutcome::Acquired(token) => store
-                    .get(scope, key)?
-                    .filter(|record| record.fence == token.fence())
-                    .map(|record| record.expires_at_ms),
+                ClaimOutcome::Acquired(token) => Some(token.expires_at_ms()),
                 _ => None,
             };
             Ok((outcome, expires_at_ms))
