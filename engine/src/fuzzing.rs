@@ -363,7 +363,9 @@ fn check_open(fs: &FaultyStorage) -> Option<(Snapshot, RecoveryReport)> {
 /// the first changed byte. Panics if: the undamaged log does not open; damage that a crash can leave
 /// (the active segment cut short and/or followed by zeros) does not open; opening fails with anything
 /// but a corruption error; the open finds fewer frames than the valid prefix, or the same number but
-/// another index; or any check of [`recover_files`] fails.
+/// another index; damage that must be reported is cut off silently (any damage to a sealed or
+/// compacted segment but a cut at a frame boundary, and damage to the active segment followed by an
+/// intact frame whose sync mark covers it); or any check of [`recover_files`] fails.
 pub fn recover_damaged(bytes: &[u8]) {
     let (recipe, damage) = match bytes.split_first() {
         Some((&len, rest)) => rest.split_at(usize::from(len).min(rest.len())),
@@ -395,6 +397,12 @@ pub fn recover_damaged(bytes: &[u8]) {
         return;
     };
     let crash_like = is_active && after[first_diff..].iter().all(|&b| b == 0);
+    let boundary = frame_boundary_before(&before, first_diff);
+    let must_fail = if is_active {
+        durable_beyond(&before, &after, boundary)
+    } else {
+        after != before[..boundary]
+    };
     let Some((got, got_report)) = got else {
         assert!(
             !crash_like,
@@ -403,7 +411,7 @@ pub fn recover_damaged(bytes: &[u8]) {
         return;
     };
     let prefix = original.fork();
-    prefix.write_file(&path, &before[..frame_boundary_before(&before, first_diff)]);
+    prefix.write_file(&path, &before[..boundary]);
     let (want, want_report) = check_open(&prefix).unwrap_or_else(|| {
         panic!("a segment damaged at {first_diff} opened, but its valid prefix does not")
     });
@@ -412,6 +420,11 @@ pub fn recover_damaged(bytes: &[u8]) {
         "damage at {first_diff} lost intact frames: {got_report:?} vs the valid prefix {want_report:?}"
     );
     if got_report.frames == want_report.frames {
+        assert!(
+            !must_fail,
+            "damage at {first_diff} of {} was cut off silently instead of reported",
+            path.display()
+        );
         assert_eq!(
             got, want,
             "damage at {first_diff}: index differs from the valid prefix's"
@@ -419,6 +432,23 @@ pub fn recover_damaged(bytes: &[u8]) {
     }
     // More frames than the prefix: the damage itself holds checksummed frames (the fuzzer can write
     // them), which recovery rightly replays; the checks in `check_open` still held.
+}
+
+/// Whether a frame of `before` after `boundary` is unchanged in `after` and carries a sync mark
+/// beyond `boundary`: proof that the damaged bytes had been made durable (`FORMAT.md`).
+fn durable_beyond(before: &[u8], after: &[u8], boundary: usize) -> bool {
+    let mut at = segment::HEADER_LEN;
+    while let Ok(f) = frame::decode(before.get(at..).unwrap_or_default()) {
+        let end = at + f.encoded_len();
+        if at > boundary
+            && f.sync_mark > boundary as u64
+            && after.get(at..end) == Some(&before[at..end])
+        {
+            return true;
+        }
+        at = end;
+    }
+    false
 }
 
 /// The largest frame boundary of the valid segment `bytes` at or before `at`: 0 inside the header.
