@@ -4,10 +4,11 @@
 //! - The manifest names the compacted base segments; they are replayed first, then the log segments
 //!   from `first_tail` on in id order; frames in file order, the operations of a frame together.
 //!   Every other segment file is the garbage of an interrupted compaction and is deleted.
-//! - Damage (a short or checksum-failing frame) in any segment but the last is corruption: older
-//!   segments were fully synced before a newer one was created.
-//! - Damage in the last segment is a torn tail, cut off, unless a later intact frame carries a sync
-//!   mark beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
+//! - Damage (a short or checksum-failing frame) in a segment is corruption, except in the *open tail*:
+//!   the last log segment holding frames and any empty ones after it. A log segment is fully synced
+//!   before its successor receives a frame, so only the open tail can hold unsynced bytes.
+//! - Damage in the open tail is a torn tail, cut off, unless a later intact frame carries a sync mark
+//!   beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
 //! - The last segment and the directory are synced before the store serves anything: a crashed process may have
 //!   left frames in the page cache that were never synced, and they are about to become visible.
 //! - A frame whose checksums hold but whose tag or operations this build does not understand is an
@@ -173,6 +174,7 @@ pub(crate) fn recover(
     collect_garbage(storage, dir, &layout.garbage)?;
     let mut report = RecoveryReport::default();
     let active_id = layout.tail.last().copied();
+    let open_tail = open_tail_from(storage, &layout, segments)?;
     let mut active_len = 0;
     for (id, kind) in layout.replay_order() {
         let path = segments.path(id, kind);
@@ -185,8 +187,9 @@ pub(crate) fn recover(
             path,
             file,
         };
+        let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
+        let len = replay_segment(&segment, in_open_tail, replay, &mut report)?;
         let is_active = Some(id) == active_id && kind == Kind::Log;
-        let len = replay_segment(&segment, is_active, replay, &mut report)?;
         if is_active {
             // What we just replayed may still be only in the page cache, left by a process that
             // crashed before its fdatasync. Records served from now on must be durable, so sync it.
@@ -224,6 +227,27 @@ pub(crate) fn recover(
         next_fence: replay.next_fence,
         report,
     })
+}
+
+/// The first log segment that may end in a torn tail: the last one holding frames (later ones can
+/// only be empty, created by a rotation that had not yet switched to them when the crash came).
+/// Every log segment before it was fully synced before the next one received a frame.
+pub(crate) fn open_tail_from(
+    storage: &dyn Storage,
+    layout: &Layout,
+    segments: &Segments,
+) -> Result<Option<u32>> {
+    for &id in layout.tail.iter().rev() {
+        let path = segments.path(id, Kind::Log);
+        let file = storage
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let len = file.size().map_err(|e| Error::io("stat", &path, e))?;
+        if len > segment::HEADER_LEN as u64 {
+            return Ok(Some(id));
+        }
+    }
+    Ok(layout.tail.first().copied())
 }
 
 fn collect_garbage(storage: &dyn Storage, dir: &Path, garbage: &[PathBuf]) -> Result<()> {
@@ -267,7 +291,7 @@ pub(crate) struct Scanned {
 /// frame, a whole frame at a time. Changes nothing on disk.
 pub(crate) fn scan_segment(
     segment: &SegmentFile,
-    is_active: bool,
+    in_open_tail: bool,
     mut apply: impl FnMut(&Op<'_>, Loc),
 ) -> Result<Scanned> {
     let path = &segment.path;
@@ -295,7 +319,7 @@ pub(crate) fn scan_segment(
     if let Err(reason) = segment::check_header(&data, segment.id) {
         // The header is synced before any frame is written, so in the last segment a bad header with
         // no intact frame after it is a crash during segment creation: nothing here was acknowledged.
-        if is_active && !later_frame_proves_durable(&data, 0) {
+        if in_open_tail && !later_frame_proves_durable(&data, 0) {
             scanned.end = SegmentEnd::TornHeader;
             return Ok(scanned);
         }
@@ -308,7 +332,7 @@ pub(crate) fn scan_segment(
             Ok(frame) => frame,
             Err(damage) => {
                 let reason = damage_reason(damage);
-                if !is_active {
+                if !in_open_tail {
                     return Err(Error::corrupt(path, offset as u64, reason));
                 }
                 if later_frame_proves_durable(&data, offset) {
@@ -355,11 +379,11 @@ pub(crate) fn scan_segment(
 /// Replays one segment; returns its valid length (after cutting a torn tail).
 fn replay_segment(
     segment: &SegmentFile,
-    is_active: bool,
+    in_open_tail: bool,
     replay: &mut Replay<'_>,
     report: &mut RecoveryReport,
 ) -> Result<u32> {
-    let scanned = scan_segment(segment, is_active, |op, loc| replay.apply(op, loc))?;
+    let scanned = scan_segment(segment, in_open_tail, |op, loc| replay.apply(op, loc))?;
     report.bytes += scanned.file_len;
     report.frames += scanned.frames;
     report.operations += scanned.operations;

@@ -40,7 +40,8 @@ pub fn verify(dir: impl AsRef<Path>, storage: Arc<dyn Storage>) -> Result<Verify
         garbage: layout.garbage.clone(),
         ..VerifyReport::default()
     };
-    let active = layout.tail.last().copied();
+    let segments = crate::log::segments::Segments::new(dir);
+    let open_tail = crate::recovery::open_tail_from(&*storage, &layout, &segments)?;
     for (id, kind) in layout.replay_order() {
         let path = dir.join(crate::log::segment::file_name(id, kind));
         let file = storage
@@ -52,8 +53,8 @@ pub fn verify(dir: impl AsRef<Path>, storage: Arc<dyn Storage>) -> Result<Verify
             path,
             file,
         };
-        let is_active = kind == Kind::Log && Some(id) == active;
-        let scanned = scan_segment(&segment, is_active, |_, _| {})?;
+        let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
+        let scanned = scan_segment(&segment, in_open_tail, |_, _| {})?;
         report.segments += 1;
         report.frames += scanned.frames;
         report.operations += scanned.operations;

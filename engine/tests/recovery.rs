@@ -293,3 +293,69 @@ fn process_crash_keeps_every_acknowledged_operation_in_sync_mode() {
         ClaimOutcome::Completed(_)
     ));
 }
+
+#[test]
+fn torn_tail_before_an_empty_successor_segment_is_truncated() {
+    // A rotation creates the next segment (empty) before the last frames appended to the old one
+    // are synced; a crash in between leaves the old segment with a torn tail and an empty successor.
+    let f = Fixture::new();
+    let store = Store::open(&f.dir, f.options().segment_size(4096)).unwrap();
+    let mut keys = Vec::new();
+    while store.stats().segments < 2 {
+        let key = format!("k{}", keys.len());
+        acquire(&store, "acct", &key, fp(1));
+        keys.push(key);
+    }
+    drop(store);
+    let (old, next) = (f.segment_path(1), f.segment_path(2));
+    let next_bytes = f.fs.read_file(&next).unwrap();
+    f.fs.write_file(&next, &next_bytes[..32]);
+    let mut old_bytes = f.fs.read_file(&old).unwrap();
+    let valid = old_bytes.len() as u64;
+    old_bytes.extend_from_slice(&raw_frame(1, valid, b"torn")[..10]);
+    f.fs.write_file(&old, &old_bytes);
+
+    let store = Store::open(&f.dir, f.options().segment_size(4096)).expect("opens");
+    let torn = store
+        .recovery_report()
+        .torn_tail
+        .clone()
+        .expect("torn tail reported");
+    assert_eq!((torn.path, torn.offset), (old, valid));
+    let in_old = keys.len() - 1; // the last key went to the successor, whose frames we removed
+    for key in &keys[..in_old] {
+        assert!(
+            store.get(b"acct", key.as_bytes()).unwrap().is_some(),
+            "{key}"
+        );
+    }
+    acquire(&store, "acct", "after", fp(1));
+    drop(store);
+    assert!(f.open().get(b"acct", b"after").unwrap().is_some());
+}
+
+#[test]
+fn damage_in_a_segment_followed_by_one_with_frames_is_still_corruption() {
+    let f = Fixture::new();
+    let store = Store::open(&f.dir, f.options().segment_size(4096)).unwrap();
+    while store.stats().segments < 2 {
+        acquire(
+            &store,
+            "acct",
+            &format!("k{}", store.stats().frames_appended),
+            fp(1),
+        );
+    }
+    drop(store);
+    let old = f.segment_path(1);
+    let mut bytes = f.fs.read_file(&old).unwrap();
+    bytes.extend_from_slice(b"garbage after a sealed segment");
+    f.fs.write_file(&old, &bytes);
+    let err = Store::open(&f.dir, f.options().segment_size(4096))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, Error::Corrupt { ref path, .. } if *path == old),
+        "{err}"
+    );
+}

@@ -71,6 +71,8 @@ struct State {
     spare: Vec<u8>,
     /// A leader is writing outside the mutex.
     flushing: bool,
+    /// A rotation is under way: appends keep going to the old segment until it switches.
+    rotating: bool,
     poison: Option<Arc<Error>>,
 }
 
@@ -115,6 +117,7 @@ impl LogWriter {
                 buf: Vec::with_capacity(64 << 10),
                 spare: Vec::with_capacity(64 << 10),
                 flushing: false,
+                rotating: false,
                 poison: None,
             }),
             flushed: Condvar::new(),
@@ -167,7 +170,10 @@ impl LogWriter {
         let mut st = self.state.lock();
         self.check(&st)?;
         let tail = st.buf_start as usize + st.buf.len();
-        if tail + frame_len > self.segment_size as usize && tail > segment::HEADER_LEN {
+        if tail + frame_len > self.segment_size as usize
+            && tail > segment::HEADER_LEN
+            && !st.rotating
+        {
             self.rotate(&mut st)?;
         }
         let st = &mut *st;
@@ -319,37 +325,59 @@ impl LogWriter {
         Ok(())
     }
 
-    /// Seals the active segment (writes and syncs what is buffered) and starts the next one. Runs with
-    /// the mutex held: appends pause for two fdatasyncs and a directory sync, once per segment.
+    /// Seals the active segment and starts the next one, in two phases so that appends are not held
+    /// up by the expensive part:
+    ///
+    /// 1. As leader, with the mutex released: write and fdatasync everything buffered so far (in
+    ///    `None` or `Periodic` mode that can be a whole segment of unsynced data) and create the next
+    ///    segment, durably but still empty. Meanwhile other callers keep appending to the old segment.
+    /// 2. With the mutex held: write and fdatasync what they appended (little), seal the old segment,
+    ///    and switch. Only this short step pauses appends.
+    ///
+    /// No frame goes to the next segment before the old one is fully durable; recovery relies on it.
     fn rotate(&self, st: &mut MutexGuard<'_, State>) -> Result<()> {
+        st.rotating = true;
+        let result = self.rotate_phases(st);
+        st.rotating = false;
+        result
+    }
+
+    fn rotate_phases(&self, st: &mut MutexGuard<'_, State>) -> Result<()> {
         while st.flushing {
             self.flushed.wait(st);
         }
         self.check(st)?;
         let old = st.active.clone();
-        let data = std::mem::take(&mut st.buf);
-        let sealed = (|| -> Result<()> {
-            if !data.is_empty() {
-                old.file
-                    .write_at(u64::from(st.buf_start), &data)
-                    .map_err(|e| Error::io("write", &old.path, e))?;
-            }
-            old.file
-                .sync_data()
-                .map_err(|e| Error::io("fdatasync", &old.path, e))?;
-            old.file
-                .seal()
-                .map_err(|e| Error::io("map", &old.path, e))?;
-            Ok(())
-        })();
-        if let Err(e) = sealed {
-            return Err(self.poison(st, e));
-        }
+
+        // Phase 1.
+        let spare = std::mem::take(&mut st.spare);
+        let data = std::mem::replace(&mut st.buf, spare);
+        let offset = st.buf_start;
+        st.buf_start += data.len() as u32;
+        st.flushing = true;
         let id = self.segments.allocate_id();
-        let next = match create_segment(&*self.storage, &self.segments, &self.dir, id) {
+        let prepared = MutexGuard::unlocked(st, || -> Result<SegmentFile> {
+            write_and_sync(&old, offset, &data)?;
+            create_segment(&*self.storage, &self.segments, &self.dir, id)
+        });
+        st.flushing = false;
+        self.flushed.notify_all();
+        let next = match prepared {
             Ok(next) => next,
             Err(e) => return Err(self.poison(st, e)),
         };
+        st.written = st.buf_start;
+        st.synced = st.buf_start;
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+
+        // Phase 2.
+        let data = std::mem::take(&mut st.buf);
+        let sealed = write_and_sync(&old, st.buf_start, &data)
+            .and_then(|()| old.file.seal().map_err(|e| Error::io("map", &old.path, e)));
+        if let Err(e) = sealed {
+            return Err(self.poison(st, e));
+        }
         let len = segment::HEADER_LEN as u32;
         st.active = next;
         st.written = len;
@@ -360,6 +388,20 @@ impl LogWriter {
         self.synced.store(pos, Ordering::Release);
         Ok(())
     }
+}
+
+/// Writes `data` at `offset` of `segment` and fdatasyncs it.
+fn write_and_sync(segment: &SegmentFile, offset: u32, data: &[u8]) -> Result<()> {
+    if !data.is_empty() {
+        segment
+            .file
+            .write_at(u64::from(offset), data)
+            .map_err(|e| Error::io("write", &segment.path, e))?;
+    }
+    segment
+        .file
+        .sync_data()
+        .map_err(|e| Error::io("fdatasync", &segment.path, e))
 }
 
 /// Creates log segment `id` durably (header written and synced, directory synced) and registers it.
