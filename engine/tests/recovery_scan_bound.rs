@@ -45,7 +45,8 @@ fn overlapping_headers(n: usize) -> Vec<u8> {
 #[test]
 fn overlapping_checksummed_headers_are_refused_as_corruption_not_scanned_quadratically() {
     let fs = FaultyStorage::new();
-    fs.create_dir_all(Path::new(DIR)).expect("in-memory directory");
+    fs.create_dir_all(Path::new(DIR))
+        .expect("in-memory directory");
     let segment = overlapping_headers((1 << 20) / 24);
     fs.write_file(&Path::new(DIR).join("00000000000000000001.seg"), &segment);
     let options = Options::default()
