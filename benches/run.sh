@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind BENCHMARKS.md and keeps their output in $OUT
 # (default: $CARGO_TARGET_DIR/bench-results). Takes about ten minutes on a 2-core machine:
-# ~4 min for `cargo bench`, ~1.5 min for the soak, ~2 min for the HTTP runs, plus the build.
+# ~4 min for `cargo bench`, ~2 min for the soaks, ~2 min for the HTTP runs, plus the build.
 # Run it on an otherwise idle machine: other builds or fuzzers distort every figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +22,12 @@ mkdir -p "$out"
 
 cargo build --release --locked -p idemlog-server -p idemlog-benches --bins
 
-# The load average every 10 s while the benchmarks run, to judge the figures by.
-(while sleep 10; do echo "$(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg)"; done) >"$out/load.log" &
+# Every 10 s while the benchmarks run: the load average (our own caller threads count in it) and
+# the processes using more than 5% of a core, to see what else competed for the two cores.
+(while sleep 9; do
+  busy=$(top -bn2 -d1 -w 200 | awk '/^top -/{n++} n==2 && $1 ~ /^[0-9]+$/ && $9+0 > 5 {printf "%s:%s%% ", $12, $9}')
+  echo "$(date -u +%T) $(cut -d' ' -f1-3 /proc/loadavg) $busy"
+done) >"$out/load.log" &
 monitor=$!
 trap 'kill "$monitor" 2>/dev/null || true' EXIT
 
@@ -34,6 +38,9 @@ cargo bench --locked -p idemlog-benches --bench store 2>&1 | tee "$out/store.txt
 
 "$bin/keymem" --keys 1000000 | tee "$out/keymem.txt"
 "$bin/soak" --duration 90s | tee "$out/soak.md"
+# Control: the same stream without sweeping or compaction (disk grows; shows which slow claims
+# compaction causes).
+"$bin/soak" --duration 30s --settle 5s --compaction off | tee "$out/soak-control.md"
 "$bin/loadgen" --server "$bin/idemlog-server" --connections 64 --duration 10s --rounds 3 \
   | tee "$out/loadgen.md"
 

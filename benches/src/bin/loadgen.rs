@@ -48,10 +48,22 @@ struct Outcome {
     first_error: Option<String>,
     replays: u64,
     elapsed: Duration,
+    /// CPU time the server used in the recorded window.
+    server_cpu: Duration,
     latencies_us: Vec<u32>,
 }
 
 impl Outcome {
+    /// Server CPU per request, microseconds.
+    fn cpu_per_request_us(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.requests.max(1) as f64
+    }
+
+    /// Cores the server kept busy on average.
+    fn server_cores(&self) -> f64 {
+        self.server_cpu.as_secs_f64() / self.elapsed.as_secs_f64()
+    }
+
     fn rate(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
     }
@@ -73,6 +85,23 @@ struct Server {
 }
 
 impl Server {
+    /// CPU time (user + system) the server process has used so far, from `/proc/PID/stat`.
+    fn cpu_time(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let hz = clock_ticks_per_second();
+        Duration::from_secs_f64((ticks(11) + ticks(12)) as f64 / hz)
+    }
+
     fn start(bin: &Path, label: &str, layer: bool, rust_log: &str) -> Server {
         let dir = ScratchDir::new(&format!("http-{label}"));
         let port = {
@@ -144,6 +173,20 @@ impl Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `getconf CLK_TCK`, almost always 100 on Linux.
+fn clock_ticks_per_second() -> f64 {
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
 }
 
 fn request(key: &str) -> Vec<u8> {
@@ -317,8 +360,8 @@ async fn connection(
 }
 
 /// One run: where, which keys, how many connections, for how long.
-struct RunSpec {
-    addr: SocketAddr,
+struct RunSpec<'a> {
+    server: &'a Server,
     keys: Keys,
     first_key: u64,
     connections: usize,
@@ -329,7 +372,7 @@ struct RunSpec {
 
 fn run(rt: &tokio::runtime::Runtime, spec: &RunSpec) -> (Outcome, u64) {
     let RunSpec {
-        addr,
+        server,
         keys,
         first_key,
         connections,
@@ -337,6 +380,7 @@ fn run(rt: &tokio::runtime::Runtime, spec: &RunSpec) -> (Outcome, u64) {
         duration,
         limit,
     } = *spec;
+    let addr = server.addr;
     let shared = Arc::new(Shared {
         next_key: AtomicU64::new(first_key),
         issued: AtomicU64::new(0),
@@ -357,12 +401,15 @@ fn run(rt: &tokio::runtime::Runtime, spec: &RunSpec) -> (Outcome, u64) {
                 ))
             })
             .collect();
+        tokio::time::sleep_until(record_from.into()).await;
+        let cpu_before = server.cpu_time();
         let mut results = Vec::with_capacity(tasks.len());
         for task in tasks {
             results.push(task.await.expect("a connection task panicked"));
         }
-        results
+        (results, server.cpu_time().saturating_sub(cpu_before))
     });
+    let (results, server_cpu) = results;
     let elapsed = Instant::now().saturating_duration_since(record_from);
     let mut outcome = Outcome {
         requests: 0,
@@ -370,6 +417,7 @@ fn run(rt: &tokio::runtime::Runtime, spec: &RunSpec) -> (Outcome, u64) {
         first_error: None,
         replays: 0,
         elapsed,
+        server_cpu,
         latencies_us: Vec::new(),
     };
     for r in results {
@@ -451,7 +499,7 @@ fn main() {
     let (prefill, _) = run(
         &rt,
         &RunSpec {
-            addr: on.addr,
+            server: &on,
             keys: Keys::Replay(replay_keys),
             first_key: 0,
             connections: connections.min(replay_keys as usize).max(1),
@@ -469,11 +517,14 @@ fn main() {
     );
     let mut next_key = replay_keys;
 
-    println!("| run | round | req/s | p50 | p99 | requests | errors | replayed |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| run | round | req/s | p50 | p99 | requests | errors | replayed | server CPU/request | server cores busy |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut rates: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut p50s: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let mut p99s: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let mut cpus: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     let names = [
         "new keys, layer on",
         "new keys, layer off",
@@ -482,16 +533,16 @@ fn main() {
     let mut total_errors = 0;
     for round in 1..=rounds {
         for (i, name) in names.iter().enumerate() {
-            let (addr, keys) = match i {
-                0 => (on.addr, Keys::New),
-                1 => (off.addr, Keys::New),
-                _ => (on.addr, Keys::Replay(replay_keys)),
+            let (server, keys) = match i {
+                0 => (&on, Keys::New),
+                1 => (&off, Keys::New),
+                _ => (&on, Keys::Replay(replay_keys)),
             };
             let start_key = if keys == Keys::New { next_key } else { 0 };
             let (outcome, after) = run(
                 &rt,
                 &RunSpec {
-                    addr,
+                    server,
                     keys,
                     first_key: start_key,
                     connections,
@@ -505,13 +556,15 @@ fn main() {
             }
             total_errors += outcome.errors;
             println!(
-                "| {name} | {round} | {:.0} | {:.2?} | {:.2?} | {} | {} | {} |",
+                "| {name} | {round} | {:.0} | {:.2?} | {:.2?} | {} | {} | {} | {:.0} µs | {:.2} |",
                 outcome.rate(),
                 outcome.percentile(0.50),
                 outcome.percentile(0.99),
                 outcome.requests,
                 outcome.errors,
-                outcome.replays
+                outcome.replays,
+                outcome.cpu_per_request_us(),
+                outcome.server_cores()
             );
             if let Some(e) = &outcome.first_error {
                 eprintln!("  first error of {name}: {e}");
@@ -526,22 +579,26 @@ fn main() {
             rates[i].push(outcome.rate());
             p50s[i].push(outcome.percentile(0.50).as_secs_f64() * 1e3);
             p99s[i].push(outcome.percentile(0.99).as_secs_f64() * 1e3);
+            cpus[i].push(outcome.cpu_per_request_us());
         }
     }
     on.stop();
     off.stop();
 
     println!("\nmedians over {rounds} rounds:\n");
-    println!("| run | req/s | p50 (ms) | p99 (ms) |");
-    println!("|---|---|---|---|");
+    println!("| run | req/s | p50 (ms) | p99 (ms) | server CPU/request (µs) |");
+    println!("|---|---|---|---|---|");
     let mut medians = [0.0; 3];
+    let mut cpu_medians = [0.0; 3];
     for (i, name) in names.iter().enumerate() {
         medians[i] = median(&mut rates[i]);
+        cpu_medians[i] = median(&mut cpus[i]);
         println!(
-            "| {name} | {:.0} | {:.2} | {:.2} |",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.0} |",
             medians[i],
             median(&mut p50s[i]),
-            median(&mut p99s[i])
+            median(&mut p99s[i]),
+            cpu_medians[i]
         );
     }
     let cost = 1.0 - medians[0] / medians[1];
