@@ -200,10 +200,11 @@ pub fn join_files(files: &[(String, Vec<u8>)]) -> Option<Vec<u8>> {
 
 /// Opens a data directory holding the files of [`split_files`]`(bytes)`.
 ///
-/// Panics if opening fails with anything but a corruption error, or if it succeeds and then: an
-/// indexed record or side record does not read back, a second open does not find exactly the same
-/// index with no torn tail (recovery left a clean log), or a write after recovery is lost by the next
-/// open.
+/// Panics if [`crate::verify`] changes a byte or disagrees with opening (on success or failure, the
+/// frames, operations and torn tail found); if opening fails with anything but a corruption error; or
+/// if it succeeds and then: an indexed record or side record does not read back, a second open does
+/// not find exactly the same index with no torn tail (recovery left a clean log), or a write after
+/// recovery is lost by the next open.
 pub fn recover_files(bytes: &[u8]) {
     let fs = FaultyStorage::new();
     fs.create_dir_all(Path::new(DIR))
