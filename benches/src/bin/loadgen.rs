@@ -609,6 +609,11 @@ fn main() {
         if cost <= 0.15 { "met" } else { "MISSED" }
     );
     println!(
+        "server CPU per request, layer on / off (new keys): {:.2} ({:+.0}%)",
+        cpu_medians[0] / cpu_medians[1],
+        (cpu_medians[0] / cpu_medians[1] - 1.0) * 100.0
+    );
+    println!(
         "replays / new keys (layer on): {:.2}",
         medians[2] / medians[0]
     );
