@@ -123,3 +123,46 @@ fn concurrent_sync_callers_share_fdatasyncs() {
         stats.frames_appended
     );
 }
+
+#[test]
+fn concurrent_sync_callers_survive_many_segment_rotations() {
+    // Rotations wait for the leader, leaders gather appends, appenders rotate, on many threads: every
+    // claim must complete and survive a reopen. A watchdog turns a hang into a failure.
+    let dir = TempDir::new("rotate");
+    let options = || {
+        Options::default()
+            .storage(Arc::new(FsStorage))
+            .durability(Durability::Sync)
+            .segment_size(4096)
+            .compaction(None)
+    };
+    let store = Store::open(&dir.0, options()).unwrap();
+    let threads = 16;
+    let per_thread = 60;
+    let (done, finished) = std::sync::mpsc::channel();
+    for t in 0..threads {
+        let store = store.clone();
+        let done = done.clone();
+        thread::spawn(move || {
+            for n in 0..per_thread {
+                let k = format!("t{t}-{n}");
+                let ClaimOutcome::Acquired(token) =
+                    store.claim(b"acct", k.as_bytes(), &fp(1), TTL).unwrap()
+                else {
+                    panic!("fresh key {k}");
+                };
+                store.complete(&token, &created(&k), &[]).unwrap();
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..threads {
+        finished
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("a caller hung: a wake-up was lost");
+    }
+    assert!(store.stats().segments > 10, "{:?}", store.stats());
+    drop(store);
+    let store = Store::open(&dir.0, options()).unwrap();
+    assert_eq!(store.stats().records, threads * per_thread);
+}

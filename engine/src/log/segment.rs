@@ -115,11 +115,11 @@ impl Pos {
         Pos((u64::from(segment) << 32) | u64::from(offset))
     }
 
-    fn segment(self) -> u32 {
+    pub(crate) fn segment(self) -> u32 {
         (self.0 >> 32) as u32
     }
 
-    fn offset(self) -> u32 {
+    pub(crate) fn offset(self) -> u32 {
         self.0 as u32
     }
 
