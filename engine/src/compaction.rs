@@ -20,6 +20,7 @@
 //! outputs and leaves the store running; a failure while writing the manifest poisons the store,
 //! since it is then unknown which manifest a restart will see.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -136,7 +137,7 @@ impl Core {
         self.writer.check_poisoned()?;
         let started = Instant::now();
         let active = self.writer.active_segment();
-        let inputs: Vec<SegmentFile> = self
+        let inputs: Vec<Arc<SegmentFile>> = self
             .segments
             .all()
             .into_iter()
@@ -240,7 +241,7 @@ impl Core {
             pending: Vec::new(),
         };
         let result = (|| -> Result<()> {
-            let mut source: Option<SegmentFile> = None;
+            let mut source: Option<Arc<SegmentFile>> = None;
             for &loc in locs {
                 if source.as_ref().is_none_or(|s| s.id != loc.segment) {
                     source = Some(self.segments.get(loc.segment));

@@ -214,7 +214,7 @@ pub(crate) fn recover(
         .sync_dir(dir)
         .map_err(|e| Error::io("sync directory", dir, e))?;
     let (active, active_len) = match active_id {
-        Some(id) => (segments.get(id), active_len),
+        Some(id) => (SegmentFile::clone(&segments.get(id)), active_len),
         None => {
             let id = segments.allocate_id();
             let active = create_segment(storage, segments, dir, id)?;

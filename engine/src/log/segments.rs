@@ -39,7 +39,8 @@ impl SegmentFile {
 /// Open segments by id.
 pub(crate) struct Segments {
     dir: PathBuf,
-    files: RwLock<BTreeMap<u32, SegmentFile>>,
+    /// Behind `Arc`s, so that a reader's handle costs a reference count, not a copy of the path.
+    files: RwLock<BTreeMap<u32, Arc<SegmentFile>>>,
     next_id: AtomicU32,
 }
 
@@ -68,7 +69,7 @@ impl Segments {
     }
 
     pub(crate) fn insert(&self, segment: SegmentFile) {
-        self.files.write().insert(segment.id, segment);
+        self.files.write().insert(segment.id, Arc::new(segment));
     }
 
     pub(crate) fn remove(&self, id: u32) {
@@ -76,7 +77,7 @@ impl Segments {
     }
 
     /// The segment holding `loc`. A location the index hands out always names an open segment.
-    pub(crate) fn get(&self, id: u32) -> SegmentFile {
+    pub(crate) fn get(&self, id: u32) -> Arc<SegmentFile> {
         self.files
             .read()
             .get(&id)
@@ -85,7 +86,7 @@ impl Segments {
     }
 
     /// All open segments in id order.
-    pub(crate) fn all(&self) -> Vec<SegmentFile> {
+    pub(crate) fn all(&self) -> Vec<Arc<SegmentFile>> {
         self.files.read().values().cloned().collect()
     }
 }
