@@ -29,12 +29,18 @@ pub enum Durability {
 }
 
 /// When the maintenance thread sweeps expired records out of memory and compacts on its own.
+///
+/// Space: with a trigger ratio `r`, sealed segments hold at most about `live / (1 - r)` bytes before a
+/// compaction starts, and while it runs its output (about `live` again) exists beside its inputs, so
+/// the disk peaks near `(1 / (1 - r) + 1) × live` plus the active segment. The default `r = 0.4` keeps
+/// that under 3× (about 2.7×); `r = 0.5` reaches 3×. A lower `r` compacts more often, rewriting the
+/// live data each time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CompactionPolicy {
     /// How often to sweep and check the trigger (5 s by default).
     pub interval: Duration,
     /// Compact when at least this share of the sealed segments' bytes is garbage: expired, released
-    /// or superseded records (0.5 by default) ...
+    /// or superseded records (0.4 by default) ...
     pub garbage_ratio: f64,
     /// ... and at least this many bytes are garbage (64 MiB by default), so small stores are left
     /// alone.
@@ -45,7 +51,7 @@ impl Default for CompactionPolicy {
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(5),
-            garbage_ratio: 0.5,
+            garbage_ratio: 0.4,
             min_garbage_bytes: 64 << 20,
         }
     }
