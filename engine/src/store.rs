@@ -28,7 +28,7 @@ use crate::log::segment::Loc;
 use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::LogWriter;
 use crate::maintenance::Maintenance;
-use crate::options::Options;
+use crate::options::{Durability, Options};
 use crate::record::{Record, RecordState};
 use crate::recovery::{self, RecoveryReport, Replay};
 use crate::response::StoredResponse;
@@ -173,6 +173,11 @@ impl Store {
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.core.dir
+    }
+
+    /// The durability mode in force: how long a write waits for the disk (see [`Durability`]).
+    pub fn durability(&self) -> Durability {
+        self.core.options.durability
     }
 
     pub(crate) fn core(&self) -> &Core {

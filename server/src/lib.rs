@@ -7,7 +7,8 @@
 //! - [`auth`]: Bearer API key → account → idempotency scope;
 //! - [`idempotency`]: the layer (key, fingerprint, claim/complete/release, replay);
 //! - [`payments`]: the handlers and the fake provider;
-//! - [`metrics`]: Prometheus text; [`problem`]: RFC 9457 errors; [`app`]: the router.
+//! - [`metrics`]: Prometheus text; [`problem`]: RFC 9457 errors; [`app`]: the router;
+//! - [`store_calls`]: whether engine calls run inline or on the blocking pool.
 
 #![warn(missing_docs)]
 
@@ -20,5 +21,6 @@ pub mod idempotency;
 pub mod metrics;
 pub mod payments;
 pub mod problem;
+pub mod store_calls;
 
 pub use app::{App, AppConfig, app};

@@ -12,7 +12,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemlog::storage::FaultyStorage;
-use idemlog::{ManualClock, Options, Store};
+use idemlog::{Durability, ManualClock, Options, Store};
 use idemlog_server::idempotency::{IdempotencyConfig, IdempotencyLayer, Outcome, Scope};
 use tower::ServiceExt;
 
@@ -28,11 +28,17 @@ async fn with_scope(mut request: Request, next: Next) -> Response {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(Durability::Sync)
+}
+
+/// `Durability::None` makes the layer call the store inline instead of on the blocking pool.
+fn fixture_with(durability: Durability) -> Fixture {
     let store = Store::open(
         "/data",
         Options::default()
             .storage(Arc::new(FaultyStorage::new()))
-            .clock(Arc::new(ManualClock::new(1_700_000_000_000))),
+            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
+            .durability(durability),
     )
     .expect("store");
     let mut config = IdempotencyConfig::new(Duration::from_secs(3600), Duration::from_secs(30));
@@ -114,7 +120,15 @@ async fn text(response: Response) -> String {
 
 #[tokio::test]
 async fn a_completed_key_runs_the_handler_once() {
-    let f = fixture();
+    completed_key_runs_once(fixture()).await;
+}
+
+#[tokio::test]
+async fn a_completed_key_runs_the_handler_once_with_inline_store_calls() {
+    completed_key_runs_once(fixture_with(Durability::None)).await;
+}
+
+async fn completed_key_runs_once(f: Fixture) {
     assert_eq!(
         text(call(&f.router, "/ok", Some("k")).await).await,
         "call 1"
@@ -139,7 +153,15 @@ async fn a_server_error_is_not_stored_and_releases_the_key() {
 
 #[tokio::test]
 async fn a_panicking_handler_releases_the_key_and_answers_500() {
-    let f = fixture();
+    panicking_handler(fixture()).await;
+}
+
+#[tokio::test]
+async fn a_panicking_handler_releases_the_key_and_answers_500_with_inline_store_calls() {
+    panicking_handler(fixture_with(Durability::None)).await;
+}
+
+async fn panicking_handler(f: Fixture) {
     let first = call(&f.router, "/panic", Some("k")).await;
     assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(first.headers()["content-type"], "application/problem+json");

@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
+use idemlog::Durability;
 use idemlog_server::idempotency::Outcome;
 
 #[tokio::test]
@@ -75,8 +76,18 @@ async fn reserialised_json_is_the_same_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_concurrent_duplicates_charge_exactly_once() {
+    ten_concurrent_duplicates(Durability::Sync).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_duplicates_charge_exactly_once_with_inline_store_calls() {
+    ten_concurrent_duplicates(Durability::None).await;
+}
+
+async fn ten_concurrent_duplicates(durability: Durability) {
     let t = TestApp::with(Settings {
         latency: Duration::from_millis(100),
+        durability,
         ..Settings::default()
     });
     let mut tasks = Vec::new();
@@ -222,8 +233,18 @@ async fn a_restart_on_the_same_data_dir_replays_completed_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_disconnect_still_records_the_payment() {
+    client_disconnect(Durability::Sync).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnect_still_records_the_payment_with_inline_store_calls() {
+    client_disconnect(Durability::None).await;
+}
+
+async fn client_disconnect(durability: Durability) {
     let t = TestApp::with(Settings {
         latency: Duration::from_millis(300),
+        durability,
         ..Settings::default()
     });
     // The client gives up (its request future is dropped) while the provider call is running.
@@ -251,8 +272,18 @@ async fn a_client_disconnect_still_records_the_payment() {
 
 #[tokio::test]
 async fn a_5xx_releases_the_key_and_the_retry_gets_the_original_charge() {
+    release_on_5xx(Durability::Sync).await;
+}
+
+#[tokio::test]
+async fn a_5xx_releases_the_key_and_the_retry_gets_the_original_charge_with_inline_store_calls() {
+    release_on_5xx(Durability::None).await;
+}
+
+async fn release_on_5xx(durability: Durability) {
     let t = TestApp::with(Settings {
         fail_after_charge: 1,
+        durability,
         ..Settings::default()
     });
     let failed = t.pay(KEY_A, "order-1", BODY).await;

@@ -7,12 +7,15 @@
 //!    awaits that task, so a client that disconnects (axum drops the future) cannot cancel a claim,
 //!    a handler or a completion halfway;
 //! 3. claim: replay / 409 / 422 / store failure (503), or acquired;
-//! 4. the inner service runs in a task of its own (a panic there is caught as a `JoinError`); while it
-//!    runs, the lease is renewed every `heartbeat`, so only a dead holder loses its key;
+//! 4. the inner service runs on that task, with a panic caught ([`CatchPanic`]); while it runs, the
+//!    lease is renewed every `heartbeat`, so only a dead holder loses its key;
 //! 5. 5xx or panic → release; otherwise the body is collected and `complete` stores the response and
 //!    the handler's [`SideRecords`] in one atomic append;
 //! 6. if `complete` is refused because the claim was taken over (`LeaseLost`), the client gets the
 //!    winner's stored response (waiting up to 2 s for it), or a 409 — never its own, unrecorded one.
+//!
+//! Store calls run inline or on the blocking pool depending on the store's durability
+//! ([`StoreCalls`]): a call that waits for an fdatasync must not stall an async worker.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,6 +39,8 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tower::{Layer, Service, ServiceExt};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use super::catch_panic::{self, CatchPanic};
+
 use super::fingerprint::{FingerprintMode, fingerprint};
 use super::in_flight::InFlight;
 use super::key::{self, IdempotencyKey};
@@ -44,6 +49,7 @@ use super::replay;
 use super::side_records::SideRecords;
 use super::{ClaimInfo, Scope};
 use crate::problem::Problem;
+use crate::store_calls::StoreCalls;
 
 /// Settings of an [`IdempotencyLayer`].
 #[derive(Debug, Clone)]
@@ -83,6 +89,7 @@ pub struct IdempotencyLayer {
 
 struct Shared {
     store: Store,
+    calls: StoreCalls,
     config: IdempotencyConfig,
     counts: Arc<OutcomeCounts>,
     in_flight: InFlight,
@@ -93,6 +100,7 @@ impl IdempotencyLayer {
     pub fn new(store: Store, config: IdempotencyConfig) -> Self {
         Self {
             shared: Arc::new(Shared {
+                calls: StoreCalls::for_store(&store),
                 store,
                 config,
                 counts: Arc::default(),
@@ -161,11 +169,14 @@ enum StoreFailure {
     Task(#[from] JoinError),
 }
 
-/// Runs a blocking store call off the async workers.
-async fn blocking<T: Send + 'static>(
-    call: impl FnOnce() -> idemlog::Result<T> + Send + 'static,
-) -> Result<T, StoreFailure> {
-    Ok(tokio::task::spawn_blocking(call).await??)
+impl Shared {
+    /// Runs a store call where its durability mode allows ([`StoreCalls`]).
+    async fn call<T: Send + 'static>(
+        &self,
+        call: impl FnOnce() -> idemlog::Result<T> + Send + 'static,
+    ) -> Result<T, StoreFailure> {
+        Ok(self.calls.run(call).await??)
+    }
 }
 
 enum BodyError {
@@ -285,22 +296,23 @@ where
     S::Future: Send + 'static,
 {
     let counts = &shared.counts;
-    let claimed = blocking({
-        let store = shared.store.clone();
-        let ttl = shared.config.key_ttl;
-        let (scope, key) = (scope.clone(), key.clone());
-        move || {
-            let (scope, key) = (scope.as_str().as_bytes(), key.as_str().as_bytes());
-            let outcome = store.claim(scope, key, &fp, ttl)?;
-            // The record's expiry, for handlers whose downstream keys must live as long as ours.
-            let expires_at_ms = match &outcome {
-                ClaimOutcome::Acquired(token) => Some(token.expires_at_ms()),
-                _ => None,
-            };
-            Ok((outcome, expires_at_ms))
-        }
-    })
-    .await;
+    let claimed = shared
+        .call({
+            let store = shared.store.clone();
+            let ttl = shared.config.key_ttl;
+            let (scope, key) = (scope.clone(), key.clone());
+            move || {
+                let (scope, key) = (scope.as_str().as_bytes(), key.as_str().as_bytes());
+                let outcome = store.claim(scope, key, &fp, ttl)?;
+                // The record's expiry, for handlers whose downstream keys must live as long as ours.
+                let expires_at_ms = match &outcome {
+                    ClaimOutcome::Acquired(token) => Some(token.expires_at_ms()),
+                    _ => None,
+                };
+                Ok((outcome, expires_at_ms))
+            }
+        })
+        .await;
     match claimed {
         Err(e) => store_failure(counts, "claim", &e),
         Ok((ClaimOutcome::Completed(stored), _)) => {
@@ -407,7 +419,7 @@ where
         }
     };
 
-    let mut handler = tokio::spawn(inner.oneshot(request).in_current_span());
+    let mut handler = CatchPanic::new(inner.oneshot(request));
     let mut renew = shared.config.heartbeat.map(|period| {
         let mut interval = tokio::time::interval_at(Instant::now() + period, period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -419,7 +431,7 @@ where
             () = tick(&mut renew) => {
                 let store = shared.store.clone();
                 let token = token.clone();
-                match blocking(move || store.extend(&token)).await {
+                match shared.call(move || store.extend(&token)).await {
                     Ok(lease) => {
                         debug!(lease_ms = lease.as_millis() as u64, "lease renewed");
                         false
@@ -439,8 +451,11 @@ where
     let response = match joined {
         Ok(Ok(response)) => response.into_response(),
         Ok(Err(never)) => match never {},
-        Err(e) => {
-            error!(panicked = e.is_panic(), error = %e, "handler failed: releasing the key");
+        Err(panic) => {
+            error!(
+                panic = catch_panic::message(&panic),
+                "handler panicked: releasing the key"
+            );
             release(&shared, token).await;
             counts.record(Outcome::Released);
             return Problem::internal(
@@ -476,12 +491,13 @@ where
     let stored = replay::to_stored(&parts, body.clone());
     let status = stored.status;
     let side_records = side.0.len();
-    let completed = blocking({
-        let store = shared.store.clone();
-        let token = token.clone();
-        move || store.complete(&token, &stored, &side.0)
-    })
-    .await;
+    let completed = shared
+        .call({
+            let store = shared.store.clone();
+            let token = token.clone();
+            move || store.complete(&token, &stored, &side.0)
+        })
+        .await;
     match completed {
         Ok(()) => {
             counts.record(outcome);
@@ -520,7 +536,7 @@ async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Respons
     loop {
         let store = shared.store.clone();
         let (scope, key) = (token.scope().to_vec(), token.key().to_vec());
-        match blocking(move || store.get(&scope, &key)).await {
+        match shared.call(move || store.get(&scope, &key)).await {
             Ok(Some(record)) if record.fingerprint == fp => match record.state {
                 RecordState::Completed(stored) => {
                     warn!(
@@ -562,7 +578,7 @@ async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Respons
 async fn release(shared: &Shared, token: ClaimToken) {
     let store = shared.store.clone();
     let fence = token.fence();
-    match blocking(move || store.release(&token)).await {
+    match shared.call(move || store.release(&token)).await {
         Ok(()) => info!(fence, "key released: a retry will run the handler again"),
         Err(StoreFailure::Engine(StoreError::LeaseLost { .. })) => {
             warn!(

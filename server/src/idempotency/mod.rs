@@ -16,6 +16,7 @@
 //! takes them off the response and writes them in the same atomic engine append as the completion, so
 //! the business record exists exactly when the key is completed.
 
+mod catch_panic;
 pub mod fingerprint;
 mod in_flight;
 pub mod key;

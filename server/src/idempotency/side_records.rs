@@ -17,6 +17,7 @@ use idemlog::{SideWrite, Store};
 use tracing::error;
 
 use crate::problem::Problem;
+use crate::store_calls::StoreCalls;
 
 /// Records to write atomically with the response's completion. Put in the response extensions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,7 +37,9 @@ pub async fn persist_side_records(
     if response.status().is_server_error() || writes.is_empty() {
         return response;
     }
-    let written = tokio::task::spawn_blocking(move || store.side_write(&writes)).await;
+    let written = StoreCalls::for_store(&store)
+        .run(move || store.side_write(&writes))
+        .await;
     match written {
         Ok(Ok(())) => response,
         Ok(Err(e)) => {

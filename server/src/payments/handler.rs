@@ -21,6 +21,7 @@ use super::provider::{Gateway, GatewayError};
 use crate::auth::Account;
 use crate::idempotency::{ClaimInfo, IdempotencyKey, SideRecords, key};
 use crate::problem::Problem;
+use crate::store_calls::StoreCalls;
 
 /// What the payment handlers need.
 #[derive(Clone)]
@@ -172,10 +173,9 @@ pub async fn get_payment(
     }
     let store = state.store.clone();
     let lookup_id = id.clone();
-    let found = tokio::task::spawn_blocking(move || {
-        store.side_get(PAYMENTS_NAMESPACE.as_bytes(), lookup_id.as_bytes())
-    })
-    .await;
+    let found = StoreCalls::for_store(&store)
+        .run(move || store.side_get(PAYMENTS_NAMESPACE.as_bytes(), lookup_id.as_bytes()))
+        .await;
     let bytes = match found {
         Ok(Ok(Some(bytes))) => bytes,
         Ok(Ok(None)) => return not_found(&id),

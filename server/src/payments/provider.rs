@@ -24,6 +24,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
+use crate::store_calls::StoreCalls;
+
 /// Namespace of charge records, keyed by provider key.
 pub const CHARGES_NAMESPACE: &str = "gateway.charges";
 /// Namespace of the charge counter records.
@@ -170,11 +172,13 @@ impl Gateway {
     ) -> Result<Charge, GatewayError> {
         let inner = Arc::clone(&self.inner);
         let span = tracing::Span::current();
-        let (charge, lose_response) = tokio::task::spawn_blocking(move || {
-            let _span = span.enter();
-            inner.charge_blocking(&provider_key, amount_minor, &currency, expires_at_ms)
-        })
-        .await??;
+        let calls = StoreCalls::for_store(&inner.store);
+        let (charge, lose_response) = calls
+            .run(move || {
+                let _span = span.enter();
+                inner.charge_blocking(&provider_key, amount_minor, &currency, expires_at_ms)
+            })
+            .await??;
         tokio::time::sleep(self.inner.config.latency).await;
         if lose_response {
             warn!(charge_id = %charge.id, "gateway: simulating a lost response after the charge was made");

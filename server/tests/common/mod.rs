@@ -30,6 +30,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     pub idempotency: bool,
     pub fingerprint: FingerprintMode,
+    /// `None` makes the server call the store inline instead of on the blocking pool.
+    pub durability: Durability,
 }
 
 impl Default for Settings {
@@ -40,6 +42,7 @@ impl Default for Settings {
             max_body_bytes: 64 * 1024,
             idempotency: true,
             fingerprint: FingerprintMode::CanonicalJson,
+            durability: Durability::Sync,
         }
     }
 }
@@ -176,7 +179,7 @@ fn build(
         .storage(Arc::new(fs.clone()))
         .clock(Arc::new(clock.clone()))
         .lease(LEASE)
-        .durability(Durability::Sync)
+        .durability(settings.durability)
         .max_value_bytes(64 * 1024);
     let store = Store::open(dir, options).expect("open store");
     let keys = ApiKeys::new(&[
