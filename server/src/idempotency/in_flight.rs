@@ -1,8 +1,8 @@
-//! Counting the layer's spawned request tasks, so shutdown can wait for them.
+//! Counting the layer's requests in flight, so shutdown can wait for them.
 //!
-//! The layer runs each handler and its completion in a spawned task that outlives a client who
-//! disconnected. Such a task is not tied to any connection, so the server's graceful shutdown (which
-//! waits for connections) does not see it: [`InFlight::wait_idle`] does.
+//! The work of a request whose client disconnected goes on in a task of its own (see
+//! `finish_on_drop`). Such a task is not tied to any connection, so the server's graceful shutdown
+//! (which waits for connections) does not see it: [`InFlight::wait_idle`] does.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

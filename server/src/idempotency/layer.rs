@@ -3,9 +3,9 @@
 //! Request path, in order:
 //! 1. scope from the [`Scope`] extension (none → 401), key from the header (bad → 400), body read up
 //!    to the limit (over → 413): nothing has been claimed yet, nothing runs;
-//! 2. fingerprint, then a task is spawned for everything that follows. The connection's future only
-//!    awaits that task, so a client that disconnects (axum drops the future) cannot cancel a claim,
-//!    a handler or a completion halfway;
+//! 2. fingerprint, then everything that follows runs inside [`FinishOnDrop`]: on the request's task,
+//!    but moved to a task of its own if a client disconnects (axum drops the future), so that cannot
+//!    cancel a claim, a handler or a completion halfway;
 //! 3. claim: replay / 409 / 422 / store failure (503), or acquired;
 //! 4. the inner service runs on that task, with a panic caught ([`CatchPanic`]); while it runs, the
 //!    lease is renewed every `heartbeat`, so only a dead holder loses its key;
@@ -40,6 +40,7 @@ use tower::{Layer, Service, ServiceExt};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use super::catch_panic::{self, CatchPanic};
+use super::finish_on_drop::FinishOnDrop;
 
 use super::fingerprint::{FingerprintMode, fingerprint};
 use super::in_flight::InFlight;
@@ -114,7 +115,7 @@ impl IdempotencyLayer {
         Arc::clone(&self.shared.counts)
     }
 
-    /// The spawned request tasks still running (shutdown waits for them).
+    /// The requests still running, including those whose client left (shutdown waits for them).
     pub fn in_flight(&self) -> InFlight {
         self.shared.in_flight.clone()
     }
@@ -199,7 +200,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     }
 }
 
-/// Everything up to the spawn: checks that need no claim.
+/// Everything before the claim: checks that need none.
 async fn handle<S>(shared: Arc<Shared>, inner: S, request: Request) -> Response
 where
     S: Service<Request, Error = Infallible> + Clone + Send + 'static,
@@ -265,23 +266,26 @@ where
 
     let span = info_span!("idempotency", scope = scope.as_str(), key = key.as_str());
     let guard = shared.in_flight.enter();
-    let task = tokio::spawn(
+    let work = FinishOnDrop::new(
         async move {
             let _guard = guard;
             run(shared, inner, scope, key, fp, request).await
         }
         .instrument(span),
     );
-    match task.await {
+    match work.await {
         Ok(response) => response,
-        Err(e) => {
-            error!(error = %e, "idempotency task failed");
+        Err(panic) => {
+            error!(
+                panic = catch_panic::message(&panic),
+                "idempotency layer panicked"
+            );
             Problem::internal("the request could not be processed").into_response()
         }
     }
 }
 
-/// Claim and act on the outcome. Runs in a spawned task.
+/// Claim and act on the outcome. Runs inside [`FinishOnDrop`].
 async fn run<S>(
     shared: Arc<Shared>,
     inner: S,

@@ -9,8 +9,8 @@
 //! - the request is fingerprinted ([`fingerprint`]); the same key with another fingerprint → 422;
 //! - the same key while the first request runs → 409 with `Retry-After`;
 //! - a completed key → the stored response replayed ([`replay`]);
-//! - 2xx/4xx are stored, a 5xx or a panic releases the key; the handler and the completion run in a
-//!   spawned task, so a client disconnect cannot stop them ([`layer`]).
+//! - 2xx/4xx are stored, a 5xx or a panic releases the key; a client disconnect cannot stop the
+//!   handler or the completion halfway: what is left moves to a task of its own ([`layer`]).
 //!
 //! Handlers hand business records to the layer as a [`SideRecords`] response extension: the layer
 //! takes them off the response and writes them in the same atomic engine append as the completion, so
@@ -18,6 +18,7 @@
 
 mod catch_panic;
 pub mod fingerprint;
+mod finish_on_drop;
 mod in_flight;
 pub mod key;
 mod layer;
