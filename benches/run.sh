@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark behind BENCHMARKS.md and keeps their output in $OUT
 # (default: $CARGO_TARGET_DIR/bench-results). Takes about ten minutes on a 2-core machine:
-# ~4 min for `cargo bench`, ~2 min for the soaks, ~2 min for the HTTP runs, plus the build.
+# ~4 min for `cargo bench`, ~2 min for the soaks, ~3 min for the HTTP runs, plus the build.
 # Run it on an otherwise idle machine: other builds or fuzzers distort every figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +41,7 @@ cargo bench --locked -p idemlog-benches --bench store 2>&1 | tee "$out/store.txt
 # Control: the same stream without sweeping or compaction (disk grows; shows which slow claims
 # compaction causes).
 "$bin/soak" --duration 30s --settle 5s --compaction off | tee "$out/soak-control.md"
-"$bin/loadgen" --server "$bin/idemlog-server" --connections 64 --duration 10s --rounds 3 \
+"$bin/loadgen" --server "$bin/idemlog-server" --connections 64 --duration 10s --rounds 5 \
   | tee "$out/loadgen.md"
 
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
