@@ -388,6 +388,42 @@ async fn tick(interval: &mut Option<Interval>) {
     }
 }
 
+/// Awaits a handler that did not finish on its first poll, renewing the claim's lease every
+/// `heartbeat` meanwhile, so that only a holder that died loses its key.
+async fn with_renewal<F: Future + Unpin>(
+    shared: &Shared,
+    token: &ClaimToken,
+    mut handler: F,
+) -> F::Output {
+    let mut renew = shared.config.heartbeat.map(|period| {
+        let mut interval = tokio::time::interval_at(Instant::now() + period, period);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        interval
+    });
+    loop {
+        let renew_failed = tokio::select! {
+            joined = &mut handler => return joined,
+            () = tick(&mut renew) => {
+                let store = shared.store.clone();
+                let token = token.clone();
+                match shared.call(move || store.extend(&token)).await {
+                    Ok(lease) => {
+                        debug!(lease_ms = lease.as_millis() as u64, "lease renewed");
+                        false
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "could not renew the lease: a retry may take the key over");
+                        true
+                    }
+                }
+            }
+        };
+        if renew_failed {
+            renew = None;
+        }
+    }
+}
+
 /// Runs the handler under an acquired claim and records its result.
 async fn execute<S>(
     shared: Arc<Shared>,
@@ -424,32 +460,12 @@ where
     };
 
     let mut handler = CatchPanic::new(inner.oneshot(request));
-    let mut renew = shared.config.heartbeat.map(|period| {
-        let mut interval = tokio::time::interval_at(Instant::now() + period, period);
-        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        interval
-    });
-    let joined = loop {
-        let renew_failed = tokio::select! {
-            joined = &mut handler => break joined,
-            () = tick(&mut renew) => {
-                let store = shared.store.clone();
-                let token = token.clone();
-                match shared.call(move || store.extend(&token)).await {
-                    Ok(lease) => {
-                        debug!(lease_ms = lease.as_millis() as u64, "lease renewed");
-                        false
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "could not renew the lease: a retry may take the key over");
-                        true
-                    }
-                }
-            }
-        };
-        if renew_failed {
-            renew = None;
-        }
+    // A handler that finishes on its first poll needs no lease renewal: arm the timer only for one
+    // that has to wait (a per-request timer is a measurable share of the layer's cost).
+    let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut handler).poll(cx))).await;
+    let joined = match first {
+        Poll::Ready(joined) => joined,
+        Poll::Pending => with_renewal(&shared, &token, handler).await,
     };
 
     let response = match joined {
