@@ -14,6 +14,12 @@ use idemlog_server::config::{Config, LogFormat, Switch};
 use idemlog_server::{App, AppConfig, app};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
+
+/// mimalloc instead of glibc malloc: a request allocates and frees a few dozen small blocks, often on
+/// different worker threads, and glibc's arena locks and chunk consolidation took about a fifth of
+/// the server's CPU in a profile under load.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, thiserror::Error)]
