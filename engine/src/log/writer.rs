@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use super::flusher::Wakeup;
 use super::frame::{self, MAX_PAYLOAD, TAG_OPS};
 use super::op::Op;
 use super::segment::{self, Kind, Loc, Pos};
@@ -41,14 +42,20 @@ const EXTRA_ROUNDS: u32 = 4;
 /// fdatasync on this class of disk (~250 µs), so it can only add that much latency.
 const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
 
-/// In `Durability::None`, a caller that finds this much buffered writes it out itself.
-const NONE_FLUSH_BYTES: usize = 256 << 10;
+/// In `Durability::None`, a caller whose frame takes the buffer past this size kicks the flusher
+/// thread to write it out.
+const NONE_KICK_BYTES: usize = 256 << 10;
+
+/// In `Durability::None`, a caller that finds this much buffered (the flusher is not keeping up)
+/// writes it out itself, which bounds the buffer.
+const NONE_FLUSH_BYTES: usize = 4 << 20;
 
 /// Where a frame went and how much is buffered behind it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Appended {
     pub(crate) end: Pos,
     buffered: usize,
+    frame_len: usize,
 }
 
 /// Counters for `stats()`.
@@ -110,6 +117,7 @@ pub(crate) struct LogWriter {
     written: AtomicU64,
     synced: AtomicU64,
     poisoned: AtomicBool,
+    wakeup: Arc<Wakeup>,
     pub(crate) counters: WriterCounters,
 }
 
@@ -154,6 +162,7 @@ impl LogWriter {
             written: AtomicU64::new(pos),
             synced: AtomicU64::new(pos),
             poisoned: AtomicBool::new(false),
+            wakeup: Arc::default(),
             counters: WriterCounters::default(),
         }
     }
@@ -236,6 +245,7 @@ impl LogWriter {
         Ok(Appended {
             end: Pos::new(segment, (base + frame_len) as u32),
             buffered: st.buf.len(),
+            frame_len,
         })
     }
 
@@ -247,8 +257,21 @@ impl LogWriter {
             Durability::None if appended.buffered >= NONE_FLUSH_BYTES => {
                 self.flush(appended.end, false)
             }
-            Durability::None => Ok(()),
+            Durability::None => {
+                // Only the frame that crosses the line kicks, so the mutex is not taken per call.
+                if appended.buffered >= NONE_KICK_BYTES
+                    && appended.buffered - appended.frame_len < NONE_KICK_BYTES
+                {
+                    self.wakeup.kick();
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Wakes the flusher thread early (see [`LogWriter::commit`]).
+    pub(crate) fn wakeup(&self) -> Arc<Wakeup> {
+        Arc::clone(&self.wakeup)
     }
 
     /// Waits until the log up to `end` may be shown to a caller: durable under `Sync`, written to the
