@@ -156,6 +156,7 @@ impl<V> Table<V> {
     }
 
     /// Entries held.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.table.len()
     }
@@ -226,25 +227,47 @@ impl<V> Table<V> {
         self.slot_mut(index).take().map(|(_, v)| v)
     }
 
-    /// Keeps the entries for which `keep` returns true.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut V) -> bool) {
-        let (chunks, free) = (&mut self.chunks, &mut self.free);
-        self.table.retain(|&mut Bucket { slot: index, .. }| {
-            let i = index as usize;
-            let slot = &mut chunks[i / CHUNK][i % CHUNK];
-            let kept = slot.as_mut().is_some_and(|(_, v)| keep(v));
-            if !kept {
-                *slot = None;
-                free.push(index);
-            }
-            kept
-        });
-        if self.table.is_empty() {
-            // Give the memory back after a burst; an idle store should not keep its peak.
+    /// Gives the memory back after a burst: an idle store should not keep its peak.
+    fn shrink_if_empty(&mut self) {
+        if self.table.is_empty() && !self.chunks.is_empty() {
             self.chunks = Vec::new();
             self.free = Vec::new();
             self.table.shrink_to_fit(|b| spread(b.hash));
         }
+    }
+
+    /// Removes the entries of chunk `chunk` for which `keep` returns false; `hash_of` gives a key's
+    /// hash (the one it was inserted with). Returns how many were removed, or `None` past the last
+    /// chunk. Scanning slots in memory order, a chunk per lock, is what lets a sweep be cheap (the
+    /// buckets point into the slots at random) and release the lock between chunks.
+    fn retain_chunk(
+        &mut self,
+        chunk: usize,
+        hash_of: impl Fn(&[u8]) -> u64,
+        mut keep: impl FnMut(&mut V) -> bool,
+    ) -> Option<usize> {
+        let slots = self.chunks.get_mut(chunk)?;
+        let mut removed = 0;
+        for (j, slot) in slots.iter_mut().enumerate() {
+            let Some((key, v)) = slot.as_mut() else {
+                continue;
+            };
+            if keep(v) {
+                continue;
+            }
+            let index = (chunk * CHUNK + j) as u32;
+            let h = hash_of(key.as_bytes()) as u32;
+            match self.table.find_entry(spread(h), |b| b.slot == index) {
+                Ok(bucket) => {
+                    bucket.remove();
+                }
+                Err(_) => unreachable!("an occupied slot has its bucket"),
+            }
+            *slot = None;
+            self.free.push(index);
+            removed += 1;
+        }
+        Some(removed)
     }
 
     /// Every key and value.
@@ -253,14 +276,6 @@ impl<V> Table<V> {
             .iter()
             .flatten()
             .filter_map(|s| s.as_ref().map(|(k, v)| (k.as_bytes(), v)))
-    }
-
-    /// Every value.
-    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
-        self.chunks
-            .iter()
-            .flatten()
-            .filter_map(|s| s.as_ref().map(|(_, v)| v))
     }
 }
 
@@ -293,6 +308,41 @@ impl<V> Sharded<V> {
 
     pub(crate) fn shards(&self) -> &[Mutex<Table<V>>] {
         &self.shards
+    }
+
+    /// Removes the entries for which `keep` returns false, holding each shard's lock for one chunk of
+    /// slots at a time, so that the callers waiting on that lock are held up for microseconds rather
+    /// than for the whole shard. Entries inserted meanwhile may or may not be visited. Returns how
+    /// many were removed.
+    pub(crate) fn retain_chunked(&self, mut keep: impl FnMut(&mut V) -> bool) -> usize {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            for chunk in 0.. {
+                let mut table = shard.lock();
+                match table.retain_chunk(chunk, |key| self.hash(key), &mut keep) {
+                    Some(n) => removed += n,
+                    None => {
+                        table.shrink_if_empty();
+                        break;
+                    }
+                }
+            }
+        }
+        removed
+    }
+
+    /// Calls `f` on every value, holding each shard's lock for one chunk of slots at a time (see
+    /// [`Sharded::retain_chunked`]).
+    pub(crate) fn for_each_chunked(&self, mut f: impl FnMut(&V)) {
+        for shard in self.shards.iter() {
+            for chunk in 0.. {
+                let table = shard.lock();
+                let Some(slots) = table.chunks.get(chunk) else {
+                    break;
+                };
+                slots.iter().flatten().for_each(|(_, v)| f(v));
+            }
+        }
     }
 }
 
@@ -421,24 +471,58 @@ mod tests {
         assert_eq!(t.get(hb, b"b"), Some(&2));
     }
 
+    fn sharded_insert(map: &Sharded<u64>, key: &[u8], value: u64) {
+        let hash = map.hash(key);
+        map.shard(hash).lock().insert(hash, key, value);
+    }
+
+    fn sharded_get(map: &Sharded<u64>, key: &[u8]) -> Option<u64> {
+        let hash = map.hash(key);
+        map.shard(hash).lock().get(hash, key).copied()
+    }
+
+    fn chunk_counts(map: &Sharded<u64>) -> Vec<usize> {
+        map.shards().iter().map(|s| s.lock().chunks.len()).collect()
+    }
+
     #[test]
-    fn freed_slots_are_reused_and_growth_keeps_every_key() {
-        let mut t = table();
+    fn a_chunked_sweep_frees_slots_for_reuse_and_keeps_every_other_key() {
+        let map = Sharded::new(2);
         let keys: Vec<Vec<u8>> = (0..5000u32).map(|i| i.to_le_bytes().to_vec()).collect();
         for (i, k) in keys.iter().enumerate() {
-            t.insert(h(k), k, i as u64);
+            sharded_insert(&map, k, i as u64);
         }
-        t.retain(|v| *v % 2 == 0);
-        assert_eq!(t.len(), 2500);
-        let chunks = t.chunks.len();
-        for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
-            t.insert(h(k), k, i as u64);
-        }
-        assert_eq!(t.chunks.len(), chunks, "freed slots were reused");
+        assert!(
+            chunk_counts(&map).iter().all(|&c| c > 1),
+            "several chunks per shard"
+        );
+        assert_eq!(map.retain_chunked(|v| *v % 2 == 0), 2500);
         for (i, k) in keys.iter().enumerate() {
-            assert_eq!(t.get(h(k), k), Some(&(i as u64)));
+            let expected = (i % 2 == 0).then_some(i as u64);
+            assert_eq!(sharded_get(&map, k), expected);
         }
-        assert_eq!(t.values().count(), 5000);
+        let chunks = chunk_counts(&map);
+        for (i, k) in keys.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+            sharded_insert(&map, k, i as u64);
+        }
+        assert_eq!(chunk_counts(&map), chunks, "freed slots were reused");
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(sharded_get(&map, k), Some(i as u64));
+        }
+        let mut seen = 0;
+        map.for_each_chunked(|_| seen += 1);
+        assert_eq!(seen, 5000);
+    }
+
+    #[test]
+    fn a_sweep_that_empties_a_shard_gives_its_memory_back() {
+        let map = Sharded::new(1);
+        for i in 0..3000u32 {
+            sharded_insert(&map, &i.to_le_bytes(), 1);
+        }
+        assert_eq!(map.retain_chunked(|_| false), 3000);
+        assert_eq!(chunk_counts(&map), vec![0]);
+        assert_eq!(sharded_get(&map, &7u32.to_le_bytes()), None);
     }
 
     #[test]

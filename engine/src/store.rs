@@ -489,19 +489,18 @@ impl Store {
         let core = &*self.core;
         let now = self.now();
         let mut stats = Stats::default();
-        for shard in core.records.shards() {
-            let map = shard.lock();
-            stats.index_entries += map.len();
-            for entry in map.values().filter(|e| e.is_live(now)) {
+        // A chunk at a time, like the sweep: `/metrics` calls this while requests run.
+        core.records.for_each_chunked(|entry| {
+            stats.index_entries += 1;
+            if entry.is_live(now) {
                 stats.records += 1;
                 stats.in_progress += usize::from(entry.lease_until.is_some());
             }
-        }
-        for shard in core.side.shards() {
-            let map = shard.lock();
-            stats.index_entries += map.len();
-            stats.side_records += map.values().filter(|e| e.is_live(now)).count();
-        }
+        });
+        core.side.for_each_chunked(|entry| {
+            stats.index_entries += 1;
+            stats.side_records += usize::from(entry.is_live(now));
+        });
         let segments = core.segments.all();
         stats.segments = segments.len();
         stats.disk_bytes = segments.iter().filter_map(|s| s.file.size().ok()).sum();
@@ -569,20 +568,10 @@ impl Core {
     /// Removes records and side records whose TTL has passed from memory; returns how many.
     pub(crate) fn sweep(&self) -> usize {
         let now = self.options.clock.now_ms();
-        let mut removed = 0;
-        for shard in self.records.shards() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|e| e.is_live(now));
-            removed += before - map.len();
-        }
-        for shard in self.side.shards() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|e| e.is_live(now));
-            removed += before - map.len();
-        }
-        removed
+        // A chunk of slots at a time: the side records share one lock, and millions of them would
+        // otherwise hold every completion up for tens of milliseconds at each sweep.
+        self.records.retain_chunked(|e| e.is_live(now))
+            + self.side.retain_chunked(|e| e.is_live(now))
     }
 }
 
