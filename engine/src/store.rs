@@ -19,7 +19,7 @@ use crate::clock::duration_ms;
 use crate::dir_lock;
 use crate::error::{Corruption, Error, Result};
 use crate::index::{
-    self, Entry, Sharded, SideEntry, fp_prefix, record_key, side_key, split_record_key,
+    self, Entry, Sharded, SideEntry, SideKey, fp_prefix, record_key, side_key, split_record_key,
 };
 use crate::limits;
 use crate::log::flusher::Flusher;
@@ -310,15 +310,7 @@ impl Store {
             head: head_of(token, &held),
             response: Response::Value(response),
         });
-        let side_keys: Vec<_> = side
-            .iter()
-            .map(|w| {
-                let (namespace, key) = w.namespace_and_key();
-                let id = side_key(namespace, key);
-                let hash = core.side.hash(id.as_bytes());
-                (id, hash)
-            })
-            .collect();
+        let side_keys = core.side_ids(side);
         ops.extend(side.iter().map(|w| side_op(w, now)));
         let mut side_map = side_keys
             .first()
@@ -441,28 +433,17 @@ impl Store {
     pub fn side_write(&self, writes: &[SideWrite]) -> Result<()> {
         self.check_usable()?;
         let core = &*self.core;
-        let Some(first) = writes.first() else {
+        if writes.is_empty() {
             return Ok(());
-        };
+        }
         for write in writes {
             limits::check_side_write(write, core.options.max_value_bytes)?;
         }
         let now = self.now();
         let ops: Vec<Op<'_>> = writes.iter().map(|w| side_op(w, now)).collect();
-        let keys: Vec<_> = writes
-            .iter()
-            .map(|w| {
-                let (namespace, key) = w.namespace_and_key();
-                let id = side_key(namespace, key);
-                let hash = core.side.hash(id.as_bytes());
-                (id, hash)
-            })
-            .collect();
-        let (namespace, key) = first.namespace_and_key();
-        let mut map = core
-            .side
-            .shard(core.side.hash(side_key(namespace, key).as_bytes()))
-            .lock();
+        let keys = core.side_ids(writes);
+        // Side records live in one shard (see `Core::side`): any key's hash finds it.
+        let mut map = core.side.shard(keys[0].1).lock();
         let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
         for ((op, loc), (id, hash)) in ops.iter().zip(&locs).zip(&keys) {
@@ -565,6 +546,19 @@ struct StoredRecord {
 }
 
 impl Core {
+    /// Each side write's index id and its hash.
+    fn side_ids(&self, writes: &[SideWrite]) -> Vec<(SideKey, u64)> {
+        writes
+            .iter()
+            .map(|w| {
+                let (namespace, key) = w.namespace_and_key();
+                let id = side_key(namespace, key);
+                let hash = self.side.hash(id.as_bytes());
+                (id, hash)
+            })
+            .collect()
+    }
+
     /// Removes records and side records whose TTL has passed from memory; returns how many.
     pub(crate) fn sweep(&self) -> usize {
         let now = self.options.clock.now_ms();
