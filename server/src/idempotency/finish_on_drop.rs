@@ -8,13 +8,12 @@
 //! which happens only on a disconnect.
 
 use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tracing::error;
 
-use super::catch_panic::Panic;
+use super::catch_panic::{CatchPanic, Panic};
 
 /// See the module docs. Its output is the wrapped future's, or the panic that stopped it.
 pub(crate) struct FinishOnDrop<F>
@@ -22,7 +21,7 @@ where
     F: Future + Send + 'static,
 {
     /// `None` once the wrapped future finished or panicked: nothing is left to finish.
-    inner: Option<Pin<Box<F>>>,
+    inner: Option<CatchPanic<F>>,
 }
 
 impl<F> FinishOnDrop<F>
@@ -31,7 +30,7 @@ where
 {
     pub(crate) fn new(inner: F) -> Self {
         Self {
-            inner: Some(Box::pin(inner)),
+            inner: Some(CatchPanic::new(inner)),
         }
     }
 }
@@ -47,19 +46,12 @@ where
         let Some(inner) = this.inner.as_mut() else {
             panic!("FinishOnDrop polled after it completed");
         };
-        // Unwind safety: a future that panicked is discarded here, never polled or spawned again.
-        let polled = catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx)));
-        match polled {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => {
-                this.inner = None;
-                Poll::Ready(Ok(output))
-            }
-            Err(panic) => {
-                this.inner = None;
-                Poll::Ready(Err(panic))
-            }
+        let polled = Pin::new(inner).poll(cx);
+        if polled.is_ready() {
+            // Finished or panicked: a future that panicked is never polled or spawned again.
+            this.inner = None;
         }
+        polled
     }
 }
 
