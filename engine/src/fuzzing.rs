@@ -10,6 +10,9 @@
 //! - [`recover_files`]: opening a data directory whose files hold arbitrary bytes.
 //! - [`recover_damaged`]: opening a valid log after truncation, flipped bytes or appended garbage.
 //! - [`run_steps`]: operation sequences against the reference model in [`crate::model`].
+//!
+//! [`replay_corpus`] runs a committed corpus through one of these (the engine's and the server's
+//! corpus tests share it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,6 +35,35 @@ use crate::response::StoredResponse;
 use crate::side::SideWrite;
 use crate::storage::{FaultyStorage, Storage};
 use crate::store::Store;
+
+/// Runs every file of `dir` (a target's corpus, at least 5 inputs) through `run`; fails naming each
+/// file that panicked.
+pub fn replay_corpus(dir: &Path, run: fn(&[u8])) {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("directory entry").path())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 5,
+        "{} holds only {} inputs",
+        dir.display(),
+        files.len()
+    );
+    let failed: Vec<String> = files
+        .iter()
+        .filter(|path| {
+            let bytes = std::fs::read(path).expect("read corpus file");
+            std::panic::catch_unwind(|| run(&bytes)).is_err()
+        })
+        .map(|path| path.display().to_string())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{}: these inputs fail: {failed:#?}",
+        dir.display()
+    );
+}
 
 /// The data directory every target uses, on a [`FaultyStorage`].
 const DIR: &str = "/fuzz";

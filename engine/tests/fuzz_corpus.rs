@@ -15,32 +15,8 @@ fn corpus_dir(target: &str) -> PathBuf {
         .join(target)
 }
 
-/// Runs every file of a target's corpus; fails naming each file that panicked.
 fn replay(target: &str, run: fn(&[u8])) {
-    let dir = corpus_dir(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 5,
-        "{} holds only {} inputs",
-        dir.display(),
-        files.len()
-    );
-    let failed: Vec<String> = files
-        .iter()
-        .filter(|path| {
-            let bytes = std::fs::read(path).expect("read corpus file");
-            std::panic::catch_unwind(|| run(&bytes)).is_err()
-        })
-        .map(|path| path.display().to_string())
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{target}: these inputs fail: {failed:#?}"
-    );
+    fuzzing::replay_corpus(&corpus_dir(target), run);
 }
 
 #[test]
