@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::index::SideEntry;
+use crate::index::{Entry, SideEntry};
 use crate::log::frame::{self, TAG_OPS};
 use crate::log::segment::{self, Kind, Loc};
 use crate::log::segments::SegmentFile;
@@ -100,6 +100,15 @@ impl Core {
     /// Live and garbage bytes. Scans the index a chunk of slots at a time, so it never holds a lock
     /// for long; with writes going on, the figure is a close estimate rather than a snapshot.
     pub(crate) fn space(&self) -> SpaceUse {
+        self.space_and_visit(|_| {}, |_| {})
+    }
+
+    /// [`Core::space`], also showing every entry (live or not) to the visitors on the same pass.
+    pub(crate) fn space_and_visit(
+        &self,
+        mut record: impl FnMut(&Entry),
+        mut side: impl FnMut(&SideEntry),
+    ) -> SpaceUse {
         let active = self.writer.active_segment();
         let now = self.options.clock.now_ms();
         let mut space = SpaceUse::default();
@@ -110,11 +119,13 @@ impl Core {
             }
         };
         self.records.for_each_chunked(|e| {
+            record(e);
             if e.is_live(now) {
                 count(e.loc);
             }
         });
         self.side.for_each_chunked(|e| {
+            side(e);
             if e.is_live(now) {
                 count(e.loc);
             }

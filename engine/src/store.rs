@@ -470,22 +470,30 @@ impl Store {
         let core = &*self.core;
         let now = self.now();
         let mut stats = Stats::default();
-        // A chunk at a time, like the sweep: `/metrics` calls this while requests run.
-        core.records.for_each_chunked(|entry| {
-            stats.index_entries += 1;
-            if entry.is_live(now) {
-                stats.records += 1;
-                stats.in_progress += usize::from(entry.lease_until.is_some());
-            }
-        });
-        core.side.for_each_chunked(|entry| {
-            stats.index_entries += 1;
-            stats.side_records += usize::from(entry.is_live(now));
-        });
+        // One pass over the index, a chunk at a time like the sweep: `/metrics` calls this while
+        // requests run.
+        let (mut records, mut in_progress, mut record_entries) = (0, 0, 0);
+        let (mut side_records, mut side_entries) = (0, 0);
+        let space = core.space_and_visit(
+            |entry| {
+                record_entries += 1;
+                if entry.is_live(now) {
+                    records += 1;
+                    in_progress += usize::from(entry.lease_until.is_some());
+                }
+            },
+            |entry| {
+                side_entries += 1;
+                side_records += usize::from(entry.is_live(now));
+            },
+        );
+        stats.index_entries = record_entries + side_entries;
+        stats.records = records;
+        stats.in_progress = in_progress;
+        stats.side_records = side_records;
         let segments = core.segments.all();
         stats.segments = segments.len();
         stats.disk_bytes = segments.iter().filter_map(|s| s.file.size().ok()).sum();
-        let space = core.space();
         stats.live_bytes = space.live;
         stats.garbage_bytes = space.garbage();
         stats.compactions = core.compactions.load(Ordering::Relaxed);
