@@ -534,11 +534,9 @@ fn main() {
         "replays, layer on",
     ];
     let mut total_errors = 0;
-    let mut paired: Vec<f64> = Vec::new();
     for round in 1..=rounds {
         // Odd rounds run on, off, replays; even rounds off, on, replays.
         let order: [usize; 3] = if round % 2 == 1 { [0, 1, 2] } else { [1, 0, 2] };
-        let mut round_rates = [0.0; 3];
         for i in order {
             let name = names[i];
             let (server, keys) = match i {
@@ -588,9 +586,7 @@ fn main() {
             p50s[i].push(outcome.percentile(0.50).as_secs_f64() * 1e3);
             p99s[i].push(outcome.percentile(0.99).as_secs_f64() * 1e3);
             cpus[i].push(outcome.cpu_per_request_us());
-            round_rates[i] = outcome.rate();
         }
-        paired.push(round_rates[0] / round_rates[1]);
     }
     on.stop();
     off.stop();
@@ -598,6 +594,12 @@ fn main() {
     println!("\nmedians over {rounds} rounds:\n");
     println!("| run | req/s | p50 (ms) | p99 (ms) | server CPU/request (µs) |");
     println!("|---|---|---|---|---|");
+    // Each round's own on / off ratio, before the medians below sort the rates.
+    let mut paired: Vec<f64> = rates[0]
+        .iter()
+        .zip(&rates[1])
+        .map(|(on, off)| on / off)
+        .collect();
     let mut medians = [0.0; 3];
     let mut cpu_medians = [0.0; 3];
     for (i, name) in names.iter().enumerate() {
