@@ -5,7 +5,9 @@
 //!
 //! - [`config`]: flags and `IDEMLOG_*` variables;
 //! - [`auth`]: Bearer API key → account → idempotency scope;
-//! - [`idempotency`]: the layer (key, fingerprint, claim/complete/release, replay);
+//! - [`idempotency`]: the layer (key, fingerprint, claim/complete/release, replay) and the store
+//!   interface it owns ([`idempotency::IdempotencyStore`]);
+//! - [`backends`]: the embedded and PostgreSQL implementations of that interface;
 //! - [`payments`]: the handlers and the fake provider;
 //! - [`metrics`]: Prometheus text; [`problem`]: RFC 9457 errors; [`app`]: the router;
 //! - [`store_calls`]: whether engine calls run inline or on the blocking pool.
@@ -14,6 +16,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod backends;
 pub mod config;
 #[doc(hidden)]
 pub mod fuzzing;

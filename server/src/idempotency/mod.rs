@@ -25,6 +25,7 @@ mod layer;
 mod outcome;
 pub mod replay;
 mod side_records;
+pub mod store;
 
 pub use fingerprint::FingerprintMode;
 pub use in_flight::InFlight;
@@ -32,6 +33,10 @@ pub use key::{IdempotencyKey, KeyError};
 pub use layer::{IdempotencyConfig, IdempotencyLayer, Idempotent};
 pub use outcome::{Outcome, OutcomeCounts};
 pub use side_records::{SideRecords, persist_side_records};
+pub use store::{
+    ClaimOutcome, ClaimToken, Expiry, Gauge, Health, IdempotencyStore, InsertOnce, KeyRecord, KeyState,
+    RecordWrite, SharedStore, StoreError,
+};
 
 use std::sync::Arc;
 
