@@ -49,6 +49,11 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_LEASE", default_value = "30s", value_parser = parse_positive_duration)]
     pub lease: Duration,
 
+    /// `Retry-After` of a 409 (a request with this key is still running): a short hint, capped by
+    /// the time left on the running claim's lease.
+    #[arg(long, env = "IDEMLOG_RETRY_AFTER", default_value = "1s", value_parser = parse_positive_duration)]
+    pub retry_after: Duration,
+
     /// When a write must be on disk before the request is answered.
     #[arg(long, env = "IDEMLOG_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,
@@ -233,6 +238,7 @@ mod tests {
         assert!(c.api_keys.is_empty());
         assert_eq!(c.key_ttl, Duration::from_secs(86_400));
         assert_eq!(c.lease, Duration::from_secs(30));
+        assert_eq!(c.retry_after, Duration::from_secs(1));
         assert_eq!(c.durability, DurabilityArg::Sync);
         assert_eq!(c.max_body_bytes, 65_536);
         assert_eq!(c.gateway_latency, Duration::from_millis(50));

@@ -8,9 +8,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use idemlog::{Options, Store, SystemClock};
+use idemlog::{Options, SystemClock};
 use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
+use idemlog_server::backends::embedded::EmbeddedStore;
 use idemlog_server::config::{Config, LogFormat, Switch};
+use idemlog_server::idempotency::{SharedStore, StoreError};
 use idemlog_server::{App, AppConfig, app};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
@@ -32,8 +34,8 @@ enum ServerError {
         #[source]
         source: idemlog::Error,
     },
-    #[error("could not start the payment provider: {0}")]
-    Gateway(#[from] idemlog_server::payments::GatewayError),
+    #[error("the store cannot be read: {0}")]
+    Store(#[source] StoreError),
     #[error("could not listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -43,7 +45,7 @@ enum ServerError {
     #[error("server failed: {0}")]
     Serve(#[source] std::io::Error),
     #[error("closing the store failed: {0}")]
-    Close(#[source] idemlog::Error),
+    Close(#[source] StoreError),
     #[error("background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -108,50 +110,57 @@ async fn run(config: Config) -> Result<(), ServerError> {
     let options = Options::default()
         .durability(config.engine_durability())
         .lease(config.lease)
-        .clock(clock.clone());
+        .clock(clock);
     let max_value_bytes = options.max_value_bytes;
     let dir = config.data_dir.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&dir, options))
+    let embedded = tokio::task::spawn_blocking(move || EmbeddedStore::open(&dir, options))
         .await?
         .map_err(|source| ServerError::Open {
             dir: config.data_dir.display().to_string(),
             source,
         })?;
-    let report = store.recovery_report();
-    info!(
-        dir = %config.data_dir.display(),
-        segments = report.segments,
-        frames = report.frames,
-        operations = report.operations,
-        bytes = report.bytes,
-        durability = ?config.durability,
-        "store opened: log replayed"
-    );
-    if let Some(torn) = &report.torn_tail {
-        warn!(
-            segment = %torn.path.display(),
-            offset = torn.offset,
-            discarded_bytes = torn.discarded,
-            "cut a torn tail left by a crash (writes that were never acknowledged)"
+    if let Some(engine) = embedded.engine() {
+        let report = engine.recovery_report();
+        info!(
+            dir = %config.data_dir.display(),
+            segments = report.segments,
+            frames = report.frames,
+            operations = report.operations,
+            bytes = report.bytes,
+            durability = ?config.durability,
+            "store opened: log replayed"
         );
+        if let Some(torn) = &report.torn_tail {
+            warn!(
+                segment = %torn.path.display(),
+                offset = torn.offset,
+                discarded_bytes = torn.discarded,
+                "cut a torn tail left by a crash (writes that were never acknowledged)"
+            );
+        }
     }
+    let store: SharedStore = Arc::new(embedded);
 
     let app_config = AppConfig {
         key_ttl: config.key_ttl,
         lease: config.lease,
+        retry_after: config.retry_after,
         max_body_bytes: config.max_body_bytes,
         max_response_bytes: max_value_bytes,
         fingerprint: config.fingerprint,
         gateway_latency: config.gateway_latency,
         gateway_fail_after_charge: config.gateway_fail_after_charge,
         idempotency: config.idempotency == Switch::On,
-        clock,
     };
-    let application = App::new(store.clone(), keys, &app_config)?;
-    info!(
-        charges_total = application.gateway.charges_total(),
-        "payment provider ready"
-    );
+    let application = App::new(Arc::clone(&store), keys, &app_config);
+    match application.gateway.charges_total().await {
+        Ok(total) => info!(
+            charges_total = total,
+            backend = store.kind(),
+            "payment provider ready"
+        ),
+        Err(e) => return Err(ServerError::Store(e)),
+    }
     let router = app(&application);
 
     let listener = TcpListener::bind(config.listen)
@@ -188,9 +197,7 @@ async fn run(config: Config) -> Result<(), ServerError> {
             );
         }
     }
-    tokio::task::spawn_blocking(move || store.close())
-        .await?
-        .map_err(ServerError::Close)?;
+    store.close().await.map_err(ServerError::Close)?;
     info!("store closed: log flushed and synced");
     Ok(())
 }

@@ -1,10 +1,10 @@
 //! `GET /metrics`: Prometheus text exposition.
 //!
-//! - `gateway_charges_total`: every charge the fake provider has ever made in this data directory
-//!   (persisted, survives restarts, never decreases);
+//! - `gateway_charges_total`: every charge the fake provider has ever made in the store (the data
+//!   directory, or the shared database: all instances); persisted, never decreases;
 //! - `idempotency_requests_total{outcome}`: requests per outcome at the idempotency layer (labels in
 //!   [`Outcome`]); counted since the process started;
-//! - `idemlog_*`: store gauges and counters from `Store::stats`.
+//! - `idemlog_*`: the backend's own numbers ([`crate::idempotency::IdempotencyStore::gauges`]).
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -13,9 +13,9 @@ use axum::extract::State;
 use axum::http::HeaderValue;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use idemlog::{Stats, Store};
+use tracing::warn;
 
-use crate::idempotency::{Outcome, OutcomeCounts};
+use crate::idempotency::{Gauge, Outcome, OutcomeCounts, SharedStore};
 use crate::payments::Gateway;
 
 /// What the metrics endpoint reads.
@@ -25,20 +25,23 @@ pub struct MetricsState {
     pub counts: Arc<OutcomeCounts>,
     /// The provider, for the charge count.
     pub gateway: Gateway,
-    /// The store, for its stats.
-    pub store: Store,
+    /// The store, for its numbers.
+    pub store: SharedStore,
 }
 
-/// Renders the exposition text.
-pub fn render(counts: &OutcomeCounts, charges_total: u64, stats: &Stats) -> String {
+/// Renders the exposition text. `charges_total` is `None` when the store could not be read (the
+/// sample is then left out rather than reported as a number that went down).
+pub fn render(counts: &OutcomeCounts, charges_total: Option<u64>, gauges: &[Gauge]) -> String {
     let mut out = String::with_capacity(2048);
     // Writing to a String cannot fail.
     let _ = writeln!(
         out,
         "# HELP gateway_charges_total Charges the payment provider has ever made (persisted).\n\
-         # TYPE gateway_charges_total counter\n\
-         gateway_charges_total {charges_total}"
+         # TYPE gateway_charges_total counter"
     );
+    if let Some(total) = charges_total {
+        let _ = writeln!(out, "gateway_charges_total {total}");
+    }
     let _ = writeln!(
         out,
         "# HELP idempotency_requests_total Requests at the idempotency layer, by outcome.\n\
@@ -52,50 +55,18 @@ pub fn render(counts: &OutcomeCounts, charges_total: u64, stats: &Stats) -> Stri
             counts.get(outcome)
         );
     }
-    let gauges: [(&str, &str, u64); 4] = [
-        (
-            "idemlog_records",
-            "Live idempotency records.",
-            stats.records as u64,
-        ),
-        (
-            "idemlog_records_in_progress",
-            "Claims still in progress.",
-            stats.in_progress as u64,
-        ),
-        (
-            "idemlog_side_records",
-            "Live side records.",
-            stats.side_records as u64,
-        ),
-        (
-            "idemlog_disk_bytes",
-            "Bytes of all log segments.",
-            stats.disk_bytes,
-        ),
-    ];
-    for (name, help, value) in gauges {
+    for gauge in gauges {
+        let kind = if gauge.name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
         let _ = writeln!(
             out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-        );
-    }
-    let counters: [(&str, &str, u64); 2] = [
-        (
-            "idemlog_frames_appended_total",
-            "Log frames appended since start.",
-            stats.frames_appended,
-        ),
-        (
-            "idemlog_syncs_total",
-            "fdatasync calls since start.",
-            stats.syncs,
-        ),
-    ];
-    for (name, help, value) in counters {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}",
+            name = gauge.name,
+            help = gauge.help,
+            value = gauge.value,
         );
     }
     out
@@ -103,12 +74,15 @@ pub fn render(counts: &OutcomeCounts, charges_total: u64, stats: &Stats) -> Stri
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<MetricsState>) -> Response {
-    let store = state.store.clone();
-    // `stats` walks every shard; keep it off the async workers.
-    let stats = tokio::task::spawn_blocking(move || store.stats())
-        .await
-        .unwrap_or_default();
-    let body = render(&state.counts, state.gateway.charges_total(), &stats);
+    let charges = match state.gateway.charges_total().await {
+        Ok(total) => Some(total),
+        Err(e) => {
+            warn!(error = %e, "metrics: the charge counter could not be read");
+            None
+        }
+    };
+    let gauges = state.store.gauges().await;
+    let body = render(&state.counts, charges, &gauges);
     let mut response = body.into_response();
     response.headers_mut().insert(
         CONTENT_TYPE,
@@ -125,7 +99,7 @@ mod tests {
     fn exposition_lists_charges_and_every_outcome() {
         let counts = OutcomeCounts::default();
         counts.record(Outcome::Replayed);
-        let text = render(&counts, 7, &Stats::default());
+        let text = render(&counts, Some(7), &[]);
         assert!(text.contains("\ngateway_charges_total 7\n"));
         assert!(text.contains("idempotency_requests_total{outcome=\"replayed\"} 1\n"));
         for outcome in Outcome::ALL {

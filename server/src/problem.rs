@@ -6,8 +6,10 @@
 //! so clients can rely on the media type for every 4xx and 5xx.
 
 use axum::body::Body;
+use axum::extract::Request;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -79,7 +81,9 @@ impl Problem {
         p
     }
 
-    /// 503: the idempotency store cannot be used (poisoned, full disk, closed).
+    /// 503: the idempotency store cannot be used (poisoned, full disk, closed, database down). The
+    /// detail must say what the client can do, never what failed inside (paths, hosts, OS errors):
+    /// those go to the log.
     pub fn store_unavailable(detail: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -195,6 +199,43 @@ pub async fn ensure_problem_json(response: Response) -> Response {
         }
     }
     rebuilt
+}
+
+/// Largest problem body the request-id middleware rewrites (problem bodies are a few hundred bytes).
+const MAX_PROBLEM_BODY: usize = 16 * 1024;
+
+/// Middleware (for `axum::middleware::from_fn`, inside the request-id layer): adds the request's
+/// `x-request-id` to every 5xx problem+json body as the `request_id` member, so the client can
+/// quote it and an operator can find the logged details the body leaves out. (Every response,
+/// 4xx included, carries the id in its `x-request-id` header.)
+pub async fn add_request_id(request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get(crate::app::REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let response = next.run(request).await;
+    let Some(id) = id else {
+        return response;
+    };
+    // Only server errors: they are never stored (a 5xx releases its key), so adding the id cannot
+    // make a first response differ from its replays, which must match byte for byte.
+    if !response.status().is_server_error() || !is_problem(&response) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_PROBLEM_BODY).await else {
+        return Problem::internal("the error could not be described").into_response();
+    };
+    let body = match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) {
+        Ok(mut members) => {
+            members.insert("request_id".to_owned(), serde_json::Value::String(id));
+            serde_json::to_vec(&members).unwrap_or_else(|_| bytes.to_vec())
+        }
+        Err(_) => bytes.to_vec(),
+    };
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemlog::storage::FaultyStorage;
-use idemlog::{Durability, ManualClock, Options, Store};
+use idemlog::{Durability, ManualClock, Options};
+use idemlog_server::backends::embedded::EmbeddedStore;
 use idemlog_server::idempotency::{IdempotencyConfig, IdempotencyLayer, Outcome, Scope};
 use tower::ServiceExt;
 
@@ -33,7 +34,7 @@ fn fixture() -> Fixture {
 
 /// `Durability::None` makes the layer call the store inline instead of on the blocking pool.
 fn fixture_with(durability: Durability) -> Fixture {
-    let store = Store::open(
+    let store = EmbeddedStore::open(
         "/data",
         Options::default()
             .storage(Arc::new(FaultyStorage::new()))
@@ -43,7 +44,7 @@ fn fixture_with(durability: Durability) -> Fixture {
     .expect("store");
     let mut config = IdempotencyConfig::new(Duration::from_secs(3600), Duration::from_secs(30));
     config.max_response_bytes = 1024;
-    let layer = IdempotencyLayer::new(store, config);
+    let layer = IdempotencyLayer::new(Arc::new(store), config);
     let calls = Arc::new(AtomicU64::new(0));
     let idempotent = Router::new()
         .route("/ok", post(ok))
@@ -209,4 +210,27 @@ async fn a_request_without_a_scope_is_401() {
     let response = call(&f.router, "/unscoped", Some("k")).await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(f.layer.counts().get(Outcome::Unauthenticated), 1);
+}
+
+#[tokio::test]
+async fn a_layer_under_nest_fingerprints_the_full_path() {
+    let f = fixture();
+    // One layer (one store) serving the same inner route under two prefixes: `nest` strips the
+    // prefix from the URI the layer sees, so without the original URI both fingerprinted as `/ok`
+    // and the second call was served the first one's response.
+    let inner = Router::new()
+        .route("/ok", post(ok))
+        .route_layer(f.layer.clone())
+        .with_state(Arc::clone(&f.calls));
+    let router = Router::new()
+        .nest("/v1", inner.clone())
+        .nest("/v2", inner)
+        .layer(middleware::from_fn(with_scope));
+    assert_eq!(
+        call(&router, "/v1/ok", Some("k")).await.status(),
+        StatusCode::CREATED
+    );
+    let other_path = call(&router, "/v2/ok", Some("k")).await;
+    assert_eq!(other_path.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(f.calls.load(Ordering::SeqCst), 1);
 }

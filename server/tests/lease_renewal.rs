@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemlog::storage::FaultyStorage;
 use idemlog::{ManualClock, Options, RecordState, Store};
+use idemlog_server::backends::embedded::EmbeddedStore;
 use idemlog_server::idempotency::{IdempotencyConfig, IdempotencyLayer, Scope};
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
@@ -57,7 +58,7 @@ async fn with_scope(mut request: Request, next: Next) -> Response {
 
 fn fixture(heartbeat: Option<Duration>) -> Fixture {
     let clock = ManualClock::new(START_MS);
-    let store = Store::open(
+    let embedded = EmbeddedStore::open(
         "/data",
         Options::default()
             .storage(Arc::new(FaultyStorage::new()))
@@ -65,6 +66,7 @@ fn fixture(heartbeat: Option<Duration>) -> Fixture {
             .lease(LEASE),
     )
     .expect("store");
+    let store = embedded.engine().expect("engine store");
     let mut config = IdempotencyConfig::new(Duration::from_secs(3600), LEASE);
     config.heartbeat = heartbeat;
     let state = Slow {
@@ -74,7 +76,7 @@ fn fixture(heartbeat: Option<Duration>) -> Fixture {
     };
     let router = Router::new()
         .route("/slow", post(slow))
-        .route_layer(IdempotencyLayer::new(store.clone(), config))
+        .route_layer(IdempotencyLayer::new(Arc::new(embedded), config))
         .with_state(state.clone())
         .layer(middleware::from_fn(with_scope));
     Fixture {

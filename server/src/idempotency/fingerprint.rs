@@ -1,20 +1,31 @@
-//! The request fingerprint: SHA-256 over method, path, query and body.
+//! The request fingerprint: SHA-256 over method, path, query, content type and body.
 //!
 //! Two requests under one key are "the same request" exactly when their fingerprints are equal. In
 //! [`FingerprintMode::CanonicalJson`] (the default) a body whose `Content-Type` is JSON and that
 //! parses as JSON is hashed in a canonical form modelled on RFC 8785: object members sorted by their
 //! UTF-16 code units, no insignificant whitespace, minimal string escapes, and numbers written the
-//! way ECMAScript prints them when they are integral (`100.00`, `1e2` and `100` are all `100`), so a
-//! client that re-serialises the same JSON on retry is recognised. Non-JSON bodies, bodies that do
-//! not parse, and every body in [`FingerprintMode::ExactBytes`] are hashed byte for byte.
+//! in ECMAScript's layout but computed **exactly from the number's decimal text** (`100.00`, `1e2` and
+//! `100` are all `100`; `0.1` and `0.1000000000000000001` stay different), so a client that
+//! re-serialises the same JSON on retry is recognised while no two different amounts can meet in
+//! a rounded float. Non-JSON bodies, bodies that do not parse, and every body in
+//! [`FingerprintMode::ExactBytes`] are hashed byte for byte.
+//!
+//! The `Content-Type` enters as a normalised media type (type, subtype and parameter names in lower
+//! case, parameters sorted, quoted values unquoted, `charset` values in lower case), so the same body
+//! sent as JSON and as text are different requests.
+//!
+//! A JSON body that repeats a member name in one object is refused before it is fingerprinted
+//! ([`duplicate_member`]): parsers disagree on which copy wins, so such a body has no single meaning.
 //!
 //! Every part is length-prefixed and the body part is tagged with how it was hashed, so no two
-//! different (method, path, query, body) tuples can produce the same input to the hash.
+//! different (method, path, query, content type, body) tuples can produce the same input to the
+//! hash.
 
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, Method};
 use clap::ValueEnum;
 use idemlog::Fingerprint;
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -28,7 +39,7 @@ pub enum FingerprintMode {
     ExactBytes,
 }
 
-const DOMAIN: &[u8] = b"idemlog-fingerprint-v1";
+const DOMAIN: &[u8] = b"idemlog-fingerprint-v2";
 
 /// Fingerprint of a request.
 pub fn fingerprint(
@@ -47,6 +58,13 @@ pub fn fingerprint(
         Some(q) => {
             hash.update([1]);
             part(&mut hash, q.as_bytes());
+        }
+        None => hash.update([0]),
+    }
+    match media_type(headers) {
+        Some(media_type) => {
+            hash.update([1]);
+            part(&mut hash, media_type.as_bytes());
         }
         None => hash.update([0]),
     }
@@ -70,6 +88,114 @@ pub fn fingerprint(
 fn part(hash: &mut Sha256, bytes: &[u8]) {
     hash.update((bytes.len() as u64).to_be_bytes());
     hash.update(bytes);
+}
+
+/// The request's `Content-Type` in a normal form: `Application/JSON; Charset="UTF-8"` and
+/// `application/json;charset=utf-8` are the same. A value that is not visible ASCII enters as its
+/// bytes, lossily decoded, so it still counts.
+pub fn media_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(CONTENT_TYPE)?;
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let mut pieces = text.split(';');
+    let essence = pieces.next().unwrap_or("").trim().to_ascii_lowercase();
+    let mut params: Vec<(String, String)> = pieces
+        .filter_map(|p| {
+            let (name, value) = p.split_once('=')?;
+            let name = name.trim().to_ascii_lowercase();
+            let value = value.trim();
+            let value = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(value);
+            let value = if name == "charset" {
+                value.to_ascii_lowercase()
+            } else {
+                value.to_owned()
+            };
+            (!name.is_empty()).then_some((name, value))
+        })
+        .collect();
+    params.sort();
+    let mut out = essence;
+    for (name, value) in params {
+        out.push(';');
+        out.push_str(&name);
+        out.push('=');
+        out.push_str(&value);
+    }
+    Some(out)
+}
+
+/// The first member name that appears twice in one object of a JSON body (at any depth), if the
+/// request says it is JSON and the body parses as JSON. Such a body is refused before it is claimed.
+pub fn duplicate_member(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    if !is_json(headers) {
+        return None;
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    match DuplicateCheck::deserialize(&mut deserializer) {
+        Ok(DuplicateCheck(found)) => found,
+        Err(_) => None,
+    }
+}
+
+/// Walks a JSON document and remembers the first repeated member name.
+struct DuplicateCheck(Option<String>);
+
+impl<'de> Deserialize<'de> for DuplicateCheck {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(DuplicateVisitor)
+    }
+}
+
+struct DuplicateVisitor;
+
+impl<'de> Visitor<'de> for DuplicateVisitor {
+    type Value = DuplicateCheck;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(DuplicateCheck(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(DuplicateCheck(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(DuplicateCheck(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(DuplicateCheck(None))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(DuplicateCheck(None))
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(DuplicateCheck(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(DuplicateCheck(inner)) = seq.next_element::<DuplicateCheck>()? {
+            found = found.or(inner);
+        }
+        Ok(DuplicateCheck(found))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut names = std::collections::HashSet::new();
+        let mut found = None;
+        while let Some(name) = map.next_key::<String>()? {
+            let DuplicateCheck(inner) = map.next_value::<DuplicateCheck>()?;
+            if found.is_none() && !names.insert(name.clone()) {
+                found = Some(name);
+            }
+            found = found.or(inner);
+        }
+        Ok(DuplicateCheck(found))
+    }
 }
 
 /// True for `application/json` and `application/*+json`.
@@ -130,18 +256,96 @@ pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
+/// Writes a JSON number from its exact decimal text (serde_json keeps it with
+/// `arbitrary_precision`), laid out as ECMAScript's `Number::toString` lays out its digits: no
+/// float ever rounds two different amounts into one.
 fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
-    if let Some(i) = n.as_i64() {
-        out.extend_from_slice(i.to_string().as_bytes());
-    } else if let Some(u) = n.as_u64() {
-        out.extend_from_slice(u.to_string().as_bytes());
-    } else if let Some(f) = n.as_f64() {
-        // Integral values below 1e21 print without fraction or exponent, as ECMAScript does.
-        if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e21 {
-            out.extend_from_slice(format!("{}", f as i128).as_bytes());
+    let text = n.as_str();
+    match Decimal::parse(text) {
+        Some(decimal) => decimal.write(out),
+        // Not a JSON number (cannot happen for parsed input) or an exponent beyond i64: its text.
+        None => out.extend_from_slice(text.as_bytes()),
+    }
+}
+
+/// A decimal as significant digits and an exponent: `value = 0.digits × 10^point`.
+struct Decimal {
+    negative: bool,
+    /// No leading or trailing zeros; empty for zero.
+    digits: Vec<u8>,
+    /// Where the decimal point sits relative to the first digit.
+    point: i64,
+}
+
+impl Decimal {
+    /// Parses JSON number text: `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`.
+    fn parse(text: &str) -> Option<Decimal> {
+        let (negative, rest) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let (mantissa, exponent) = match rest.find(['e', 'E']) {
+            Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+            None => (rest, 0),
+        };
+        let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+        if int.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let all: Vec<u8> = int.bytes().chain(frac.bytes()).collect();
+        let leading = all.iter().take_while(|&&b| b == b'0').count();
+        let digits_end = all.len() - all.iter().rev().take_while(|&&b| b == b'0').count();
+        if leading >= digits_end {
+            return Some(Decimal {
+                negative: false,
+                digits: Vec::new(),
+                point: 0,
+            });
+        }
+        let point = i64::try_from(int.len())
+            .ok()?
+            .checked_sub(i64::try_from(leading).ok()?)?
+            .checked_add(exponent)?;
+        Some(Decimal {
+            negative,
+            digits: all[leading..digits_end].to_vec(),
+            point,
+        })
+    }
+
+    /// ECMAScript's layout (ECMA-262 Number::toString, with `k` digits and point `n`).
+    fn write(&self, out: &mut Vec<u8>) {
+        if self.digits.is_empty() {
+            out.push(b'0');
+            return;
+        }
+        if self.negative {
+            out.push(b'-');
+        }
+        let s = &self.digits;
+        let k = s.len() as i64;
+        let n = self.point;
+        if k <= n && n <= 21 {
+            out.extend_from_slice(s);
+            out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
+        } else if 0 < n && n <= 21 {
+            out.extend_from_slice(&s[..n as usize]);
+            out.push(b'.');
+            out.extend_from_slice(&s[n as usize..]);
+        } else if -6 < n && n <= 0 {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-n) as usize));
+            out.extend_from_slice(s);
         } else {
-            // Shortest round-trip form (serde_json uses ryu).
-            out.extend_from_slice(n.to_string().as_bytes());
+            out.push(s[0]);
+            if k > 1 {
+                out.push(b'.');
+                out.extend_from_slice(&s[1..]);
+            }
+            out.push(b'e');
+            let e = n - 1;
+            out.push(if e < 0 { b'-' } else { b'+' });
+            out.extend_from_slice(e.unsigned_abs().to_string().as_bytes());
         }
     }
 }
@@ -217,15 +421,65 @@ mod tests {
 
     #[test]
     fn canonical_numbers_are_their_own_canonical_form() {
-        // Found by the json_fingerprint fuzz target: without serde_json's `float_roundtrip`, parsing
-        // the shortest form of a float could give a neighbouring float, so canonical(canonical(x))
-        // differed from canonical(x) and a client echoing the canonical form got another fingerprint.
+        // Found by the json_fingerprint fuzz target when numbers went through f64: canonical(x)
+        // must parse back to itself, or a client echoing the canonical form gets another fingerprint.
         let once = canonical("123456789012345678903456789012345671234567890");
         assert_eq!(canonical(&once), once);
         assert_eq!(
             canonical("1.2345678901234569e+44"),
             "1.2345678901234569e+44"
         );
+    }
+
+    #[test]
+    fn numbers_that_round_to_one_float_keep_different_fingerprints() {
+        // Through f64 both were 0.1 and 1.0: a 422 for the over-precise amount would have been
+        // replayed to the clean retry with the same key.
+        assert_eq!(
+            canonical("[0.1000000000000000001]"),
+            "[0.1000000000000000001]"
+        );
+        assert_ne!(canonical("[0.1000000000000000001]"), canonical("[0.1]"));
+        assert_ne!(canonical("[1.000000001]"), canonical("[1]"));
+        assert_eq!(canonical("[550137998.06]"), "[550137998.06]");
+        assert_eq!(
+            canonical("[0.00001, 1e-7, 12e-1, 1e21]"),
+            "[0.00001,1e-7,1.2,1e+21]"
+        );
+    }
+
+    #[test]
+    fn a_json_body_that_repeats_a_member_is_found_at_any_depth() {
+        let h = json_headers();
+        let dup = |body: &str| duplicate_member(&h, body.as_bytes());
+        assert_eq!(dup(r#"{"amount":1,"amount":2}"#), Some("amount".into()));
+        assert_eq!(dup(r#"{"a":{"b":[{"c":1,"c":1}]}}"#), Some("c".into()));
+        assert_eq!(dup(r#"{"a":1,"b":{"a":2}}"#), None);
+        assert_eq!(dup(r#"[{"a":1},{"a":2}]"#), None);
+        assert_eq!(dup("not json"), None);
+        assert_eq!(
+            duplicate_member(&HeaderMap::new(), br#"{"a":1,"a":2}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn the_content_type_is_part_of_the_fingerprint() {
+        let body = r#"{"amount":100,"currency":"BRL"}"#;
+        let mode = FingerprintMode::ExactBytes;
+        let with = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, HeaderValue::from_str(ct).expect("header"));
+            fp(mode, &h, body)
+        };
+        assert_ne!(with("application/json"), with("text/plain"));
+        assert_ne!(with("application/json"), fp(mode, &HeaderMap::new(), body));
+        assert_eq!(
+            with("application/json; charset=utf-8"),
+            with("Application/JSON;Charset=\"UTF-8\"")
+        );
+        assert_eq!(with("text/plain; b=2; a=1"), with("text/plain;a=1;b=2"));
+        assert_ne!(with("text/plain; a=X"), with("text/plain; a=x"));
     }
 
     #[test]

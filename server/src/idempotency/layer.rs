@@ -14,8 +14,8 @@
 //! 6. if `complete` is refused because the claim was taken over (`LeaseLost`), the client gets the
 //!    winner's stored response (waiting up to 2 s for it), or a 409 — never its own, unrecorded one.
 //!
-//! Store calls run inline or on the blocking pool depending on the store's durability
-//! ([`StoreCalls`]): a call that waits for an fdatasync must not stall an async worker.
+//! The store is any [`IdempotencyStore`] (the embedded engine, PostgreSQL): the layer never knows
+//! which. Problem bodies sent to clients name the failure class only; the details go to the log.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,16 +25,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::OriginalUri;
 use axum::extract::Request;
 use axum::http::header::CONTENT_LENGTH;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idemlog::{
-    ClaimOutcome, ClaimToken, Error as StoreError, Fingerprint, RecordState, Store, Takeover,
-};
-use tokio::task::JoinError;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tower::{Layer, Service, ServiceExt};
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -42,15 +39,17 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::catch_panic::{self, CatchPanic};
 use super::finish_on_drop::FinishOnDrop;
 
-use super::fingerprint::{FingerprintMode, fingerprint};
+use super::fingerprint::{self, FingerprintMode, fingerprint};
 use super::in_flight::InFlight;
 use super::key::{self, IdempotencyKey};
 use super::outcome::{Outcome, OutcomeCounts};
 use super::replay;
 use super::side_records::SideRecords;
+use super::store::{
+    ClaimOutcome, ClaimToken, Fingerprint, KeyState, SharedStore, StoreError, Takeover,
+};
 use super::{ClaimInfo, Scope};
 use crate::problem::Problem;
-use crate::store_calls::StoreCalls;
 
 /// Settings of an [`IdempotencyLayer`].
 #[derive(Debug, Clone)]
@@ -66,6 +65,9 @@ pub struct IdempotencyConfig {
     pub fingerprint: FingerprintMode,
     /// How often a running handler's lease is renewed; `None` never renews it.
     pub heartbeat: Option<Duration>,
+    /// The `Retry-After` hint of a 409: a short wait, never more than the lease has left. Handlers
+    /// take milliseconds; telling a client to wait out a 30 s lease would be needlessly slow.
+    pub retry_after: Duration,
 }
 
 impl IdempotencyConfig {
@@ -78,6 +80,7 @@ impl IdempotencyConfig {
             max_response_bytes: 4 << 20,
             fingerprint: FingerprintMode::CanonicalJson,
             heartbeat: Some((lease / 3).max(Duration::from_millis(1))),
+            retry_after: Duration::from_secs(1),
         }
     }
 }
@@ -89,8 +92,7 @@ pub struct IdempotencyLayer {
 }
 
 struct Shared {
-    store: Store,
-    calls: StoreCalls,
+    store: SharedStore,
     config: IdempotencyConfig,
     counts: Arc<OutcomeCounts>,
     in_flight: InFlight,
@@ -98,10 +100,9 @@ struct Shared {
 
 impl IdempotencyLayer {
     /// A layer keeping its records in `store`.
-    pub fn new(store: Store, config: IdempotencyConfig) -> Self {
+    pub fn new(store: SharedStore, config: IdempotencyConfig) -> Self {
         Self {
             shared: Arc::new(Shared {
-                calls: StoreCalls::for_store(&store),
                 store,
                 config,
                 counts: Arc::default(),
@@ -158,25 +159,6 @@ where
         let inner = self.inner.clone();
         let shared = Arc::clone(&self.shared);
         Box::pin(async move { Ok(handle(shared, inner, request).await) })
-    }
-}
-
-/// A store call that did not succeed.
-#[derive(Debug, thiserror::Error)]
-enum StoreFailure {
-    #[error(transparent)]
-    Engine(#[from] StoreError),
-    #[error("store task failed: {0}")]
-    Task(#[from] JoinError),
-}
-
-impl Shared {
-    /// Runs a store call where its durability mode allows ([`StoreCalls`]).
-    async fn call<T: Send + 'static>(
-        &self,
-        call: impl FnOnce() -> idemlog::Result<T> + Send + 'static,
-    ) -> Result<T, StoreFailure> {
-        Ok(self.calls.run(call).await??)
     }
 }
 
@@ -253,11 +235,35 @@ where
             .into_response();
         }
     };
+    if let Some(name) = fingerprint::duplicate_member(&parts.headers, &bytes) {
+        counts.record(Outcome::RejectedBody);
+        info!(
+            scope = scope.as_str(),
+            key = key.as_str(),
+            member = %name,
+            "rejected request: JSON body repeats a member name"
+        );
+        return Problem::new(
+            StatusCode::BAD_REQUEST,
+            "duplicate-json-member",
+            "JSON body repeats a member name",
+            format!(
+                "the member {name:?} appears more than once in one object; send each member once \
+                 (nothing was claimed: a corrected request may reuse this Idempotency-Key)"
+            ),
+        )
+        .into_response();
+    }
+    // The full path even when this layer sits inside a `nest`ed router, which strips its prefix.
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or_else(|| parts.uri.clone(), |original| original.0.clone());
     let fp = fingerprint(
         shared.config.fingerprint,
         &parts.method,
-        parts.uri.path(),
-        parts.uri.query(),
+        uri.path(),
+        uri.query(),
         &parts.headers,
         &bytes,
     );
@@ -300,26 +306,14 @@ where
     S::Future: Send + 'static,
 {
     let counts = &shared.counts;
+    let ttl = shared.config.key_ttl;
     let claimed = shared
-        .call({
-            let store = shared.store.clone();
-            let ttl = shared.config.key_ttl;
-            let (scope, key) = (scope.clone(), key.clone());
-            move || {
-                let (scope, key) = (scope.as_str().as_bytes(), key.as_str().as_bytes());
-                let outcome = store.claim(scope, key, &fp, ttl)?;
-                // The record's expiry, for handlers whose downstream keys must live as long as ours.
-                let expires_at_ms = match &outcome {
-                    ClaimOutcome::Acquired(token) => Some(token.expires_at_ms()),
-                    _ => None,
-                };
-                Ok((outcome, expires_at_ms))
-            }
-        })
+        .store
+        .claim(scope.as_str(), key.as_str(), &fp, ttl)
         .await;
     match claimed {
         Err(e) => store_failure(counts, "claim", &e),
-        Ok((ClaimOutcome::Completed(stored), _)) => {
+        Ok(ClaimOutcome::Completed(stored)) => {
             counts.record(Outcome::Replayed);
             info!(
                 status = stored.status,
@@ -327,40 +321,48 @@ where
             );
             replay::replay(stored)
         }
-        Ok((ClaimOutcome::InProgress { retry_after }, _)) => {
+        Ok(ClaimOutcome::InProgress { lease_left }) => {
             counts.record(Outcome::Conflict);
+            let hint = retry_after_hint(shared.config.retry_after, lease_left);
             info!(
-                retry_after_ms = retry_after.as_millis() as u64,
+                lease_left_ms = lease_left.as_millis() as u64,
+                retry_after_s = hint,
                 "key held by a request still running: 409"
             );
-            in_progress(retry_after)
+            in_progress(hint)
         }
-        Ok((ClaimOutcome::Mismatch, _)) => {
+        Ok(ClaimOutcome::Mismatch) => {
             counts.record(Outcome::Mismatch);
             info!("key reused for a different request: 422");
             Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
                 "Idempotency-Key reused for a different request",
-                "this Idempotency-Key was already used with another method, path, query or body; \
-                 use a new key for a new request",
+                "this Idempotency-Key was already used with another method, path, query, \
+                 content type or body; use a new key for a new request",
             )
             .into_response()
         }
-        Ok((ClaimOutcome::Acquired(token), expires_at_ms)) => {
+        Ok(ClaimOutcome::Acquired(token)) => {
             let mut request = request;
             request.extensions_mut().insert(ClaimInfo {
-                fence: token.fence(),
-                expires_at_ms,
+                fence: token.fence,
+                expires_at_ms: Some(token.expires_at_ms),
             });
             execute(shared, inner, token, fp, request).await
         }
     }
 }
 
+/// The `Retry-After` seconds of a 409: the configured hint, but never more than the lease has
+/// left (rounded up to whole seconds, at least 1, as the header counts whole seconds).
+pub fn retry_after_hint(hint: Duration, lease_left: Duration) -> u64 {
+    let seconds = |d: Duration| d.as_millis().div_ceil(1000).max(1) as u64;
+    seconds(hint).min(seconds(lease_left))
+}
+
 /// The 409 for a key whose request is still running.
-fn in_progress(retry_after: Duration) -> Response {
-    let seconds = retry_after.as_millis().div_ceil(1000).max(1) as u64;
+fn in_progress(seconds: u64) -> Response {
     Problem::new(
         StatusCode::CONFLICT,
         "request-in-progress",
@@ -371,11 +373,14 @@ fn in_progress(retry_after: Duration) -> Response {
     .into_response()
 }
 
-fn store_failure(counts: &OutcomeCounts, during: &'static str, e: &StoreFailure) -> Response {
+/// A 503 that names the failure class only; the error itself goes to the log.
+fn store_failure(counts: &OutcomeCounts, during: &'static str, e: &StoreError) -> Response {
     counts.record(Outcome::StoreError);
-    error!(during, error = %e, "idempotency store failed: 503");
-    Problem::store_unavailable(format!("the idempotency store failed during {during}: {e}"))
-        .into_response()
+    error!(during, class = e.class(), error = %e, "idempotency store failed: 503");
+    Problem::store_unavailable(format!(
+        "the idempotency store could not {during} this request; retry with the same Idempotency-Key"
+    ))
+    .into_response()
 }
 
 /// Waits for the first interval tick, or forever when renewal is off.
@@ -404,9 +409,7 @@ async fn with_renewal<F: Future + Unpin>(
         let renew_failed = tokio::select! {
             joined = &mut handler => return joined,
             () = tick(&mut renew) => {
-                let store = shared.store.clone();
-                let token = token.clone();
-                match shared.call(move || store.extend(&token)).await {
+                match shared.store.extend(token).await {
                     Ok(lease) => {
                         debug!(lease_ms = lease.as_millis() as u64, "lease renewed");
                         false
@@ -438,23 +441,23 @@ where
     S::Future: Send + 'static,
 {
     let counts = &shared.counts;
-    let outcome = match token.takeover() {
+    let outcome = match token.takeover {
         Some(Takeover::LeaseExpired) => {
             warn!(
-                fence = token.fence(),
+                fence = token.fence,
                 "took over a stuck claim whose lease ran out: running the handler again"
             );
             Outcome::TakenOver
         }
         Some(Takeover::Expired) => {
             info!(
-                fence = token.fence(),
+                fence = token.fence,
                 "key had expired: claimed as a new operation"
             );
             Outcome::Executed
         }
         None => {
-            info!(fence = token.fence(), "claimed key: running the handler");
+            info!(fence = token.fence, "claimed key: running the handler");
             Outcome::Executed
         }
     };
@@ -511,31 +514,19 @@ where
     let stored = replay::to_stored(&parts, body.clone());
     let status = stored.status;
     let side_records = side.0.len();
-    let completed = shared
-        .call({
-            let store = shared.store.clone();
-            let token = token.clone();
-            move || store.complete(&token, &stored, &side.0)
-        })
-        .await;
+    let completed = shared.store.complete(&token, &stored, &side.0).await;
     match completed {
         Ok(()) => {
             counts.record(outcome);
             info!(status, side_records, "completed: response stored");
             Response::from_parts(parts, Body::from(body))
         }
-        Err(StoreFailure::Engine(StoreError::LeaseLost { .. })) => {
-            fenced(&shared, &token, fp).await
-        }
-        Err(StoreFailure::Engine(
-            e @ (StoreError::TooLarge { .. }
-            | StoreError::Empty(_)
-            | StoreError::InvalidArgument(_)),
-        )) => {
+        Err(StoreError::LeaseLost { .. }) => fenced(&shared, &token, fp).await,
+        Err(e @ StoreError::Rejected(_)) => {
             error!(error = %e, "response could not be stored: releasing the key");
             release(&shared, token).await;
             counts.record(Outcome::Released);
-            Problem::internal(format!("the response could not be recorded: {e}")).into_response()
+            Problem::internal("the response could not be recorded").into_response()
         }
         Err(e) => store_failure(counts, "complete", &e),
     }
@@ -551,14 +542,12 @@ const FENCED_POLL: Duration = Duration::from_millis(20);
 /// its stored response; 409 if it does not come.
 async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Response {
     shared.counts.record(Outcome::Fenced);
-    let fence = token.fence();
+    let fence = token.fence;
     let deadline = Instant::now() + FENCED_WAIT;
     loop {
-        let store = shared.store.clone();
-        let (scope, key) = (token.scope().to_vec(), token.key().to_vec());
-        match shared.call(move || store.get(&scope, &key)).await {
+        match shared.store.get(&token.scope, &token.key).await {
             Ok(Some(record)) if record.fingerprint == fp => match record.state {
-                RecordState::Completed(stored) => {
+                KeyState::Completed(stored) => {
                     warn!(
                         fence,
                         winner = record.fence,
@@ -566,16 +555,16 @@ async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Respons
                     );
                     return replay::replay(stored);
                 }
-                RecordState::InProgress { .. } if Instant::now() < deadline => {
+                KeyState::InProgress { .. } if Instant::now() < deadline => {
                     tokio::time::sleep(FENCED_POLL).await;
                 }
-                RecordState::InProgress { .. } => {
+                KeyState::InProgress { .. } => {
                     warn!(
                         fence,
                         winner = record.fence,
                         "claim was taken over while the handler ran and the new holder is still running: 409"
                     );
-                    return in_progress(Duration::from_secs(1));
+                    return in_progress(1);
                 }
             },
             Ok(_) => {
@@ -583,12 +572,14 @@ async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Respons
                     fence,
                     "claim was taken over while the handler ran and no matching record remains: 409"
                 );
-                return in_progress(Duration::from_secs(1));
+                return in_progress(1);
             }
             Err(e) => {
                 error!(error = %e, "idempotency store failed after a takeover: 503");
-                return Problem::store_unavailable(format!("the idempotency store failed: {e}"))
-                    .into_response();
+                return Problem::store_unavailable(
+                    "the idempotency store could not be read; retry with the same Idempotency-Key",
+                )
+                .into_response();
             }
         }
     }
@@ -596,11 +587,10 @@ async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Respons
 
 /// Gives the key up so a retry can run; failures only delay that until the lease runs out.
 async fn release(shared: &Shared, token: ClaimToken) {
-    let store = shared.store.clone();
-    let fence = token.fence();
-    match shared.call(move || store.release(&token)).await {
+    let fence = token.fence;
+    match shared.store.release(&token).await {
         Ok(()) => info!(fence, "key released: a retry will run the handler again"),
-        Err(StoreFailure::Engine(StoreError::LeaseLost { .. })) => {
+        Err(StoreError::LeaseLost { .. }) => {
             warn!(
                 fence,
                 "release refused: the claim had already been taken over"

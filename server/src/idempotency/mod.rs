@@ -34,8 +34,8 @@ pub use layer::{IdempotencyConfig, IdempotencyLayer, Idempotent};
 pub use outcome::{Outcome, OutcomeCounts};
 pub use side_records::{SideRecords, persist_side_records};
 pub use store::{
-    ClaimOutcome, ClaimToken, Expiry, Gauge, Health, IdempotencyStore, InsertOnce, KeyRecord, KeyState,
-    RecordWrite, SharedStore, StoreError,
+    ClaimOutcome, ClaimToken, Expiry, Gauge, Health, IdempotencyStore, InsertOnce, KeyRecord,
+    KeyState, RecordWrite, SharedStore, StoreError,
 };
 
 use std::sync::Arc;

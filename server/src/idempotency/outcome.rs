@@ -20,6 +20,8 @@ pub enum Outcome {
     Mismatch,
     /// `rejected_key`: missing or malformed `Idempotency-Key` → 400.
     RejectedKey,
+    /// `rejected_body`: a JSON body that repeats a member name → 400, before anything is claimed.
+    RejectedBody,
     /// `released`: the handler answered 5xx or panicked (or its response could not be stored), and
     /// the key was released for a retry.
     Released,
@@ -38,13 +40,14 @@ pub enum Outcome {
 
 impl Outcome {
     /// Every outcome, in the order metrics list them.
-    pub const ALL: [Outcome; 12] = [
+    pub const ALL: [Outcome; 13] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Replayed,
         Outcome::Conflict,
         Outcome::Mismatch,
         Outcome::RejectedKey,
+        Outcome::RejectedBody,
         Outcome::Released,
         Outcome::Fenced,
         Outcome::BodyTooLarge,
@@ -62,6 +65,7 @@ impl Outcome {
             Outcome::Conflict => "conflict",
             Outcome::Mismatch => "mismatch",
             Outcome::RejectedKey => "rejected_key",
+            Outcome::RejectedBody => "rejected_body",
             Outcome::Released => "released",
             Outcome::Fenced => "fenced",
             Outcome::BodyTooLarge => "body_too_large",

@@ -2,31 +2,30 @@
 //!
 //! A handler that must write records together with its response (a payment) returns them as a
 //! [`SideRecords`] response extension. The idempotency layer removes the extension and passes the
-//! writes to `Store::complete`, which appends the completion and the records in one atomic frame: the
+//! writes to `IdempotencyStore::complete`, which appends the completion and the records in one atomic frame: the
 //! records exist if and only if the key is completed. When the handler answers 5xx the key is
 //! released and the records are dropped: a handler must not depend on them then.
 //!
 //! Routes served without the layer (the benchmark's `--idempotency off`) still need their records
-//! written: [`persist_side_records`] does that with `Store::side_write`, outside any idempotency
+//! written: [`persist_side_records`] does that with `IdempotencyStore::write_records`, outside any idempotency
 //! record.
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use idemlog::{SideWrite, Store};
 use tracing::error;
 
+use super::store::{RecordWrite, SharedStore};
 use crate::problem::Problem;
-use crate::store_calls::StoreCalls;
 
 /// Records to write atomically with the response's completion. Put in the response extensions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SideRecords(pub Vec<SideWrite>);
+pub struct SideRecords(pub Vec<RecordWrite>);
 
 /// Middleware for routes without the idempotency layer: writes a response's [`SideRecords`] before
 /// the response goes out (a failed write turns it into a 503).
 pub async fn persist_side_records(
-    State(store): State<Store>,
+    State(store): State<SharedStore>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -37,18 +36,12 @@ pub async fn persist_side_records(
     if response.status().is_server_error() || writes.is_empty() {
         return response;
     }
-    let written = StoreCalls::for_store(&store)
-        .run(move || store.side_write(&writes))
-        .await;
-    match written {
-        Ok(Ok(())) => response,
-        Ok(Err(e)) => {
-            error!(error = %e, "writing side records failed");
-            Problem::store_unavailable(format!("could not write records: {e}")).into_response()
-        }
+    match store.write_records(&writes).await {
+        Ok(()) => response,
         Err(e) => {
-            error!(error = %e, "side-record writer task failed");
-            Problem::internal("could not write records").into_response()
+            error!(error = %e, "writing side records failed");
+            Problem::store_unavailable("the records could not be written now; retry later")
+                .into_response()
         }
     }
 }

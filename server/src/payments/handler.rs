@@ -1,7 +1,8 @@
 //! HTTP handlers for payments.
 //!
 //! `create_payment` validates the body (a 4xx problem, and no charge, when it is malformed or
-//! invalid), charges through the [`Gateway`] with the provider key `charge:{account}:{key}`, and
+//! invalid), charges through the [`Gateway`] with a provider key derived unambiguously from the
+//! account and our key ([`provider_key`]), and
 //! answers 201 with the payment. The payment record does not get written here: it is returned as a
 //! [`SideRecords`] extension so the idempotency layer writes it in the same atomic append as the
 //! key's completion (or, with the layer off, `persist_side_records` writes it).
@@ -12,22 +13,20 @@ use axum::extract::{Extension, Path, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use idemlog::{SideWrite, Store};
 use tracing::{error, info};
 
 use super::PAYMENTS_NAMESPACE;
 use super::model::{CreatePayment, PaymentRecord};
-use super::provider::{Gateway, GatewayError};
+use super::provider::{Gateway, GatewayError, provider_key};
 use crate::auth::Account;
-use crate::idempotency::{ClaimInfo, IdempotencyKey, SideRecords, key};
+use crate::idempotency::{ClaimInfo, IdempotencyKey, RecordWrite, SharedStore, SideRecords, key};
 use crate::problem::Problem;
-use crate::store_calls::StoreCalls;
 
 /// What the payment handlers need.
 #[derive(Clone)]
 pub struct PaymentsState {
-    /// The store (payment records are side records in it).
-    pub store: Store,
+    /// The store (payment records are business records in it).
+    pub store: SharedStore,
     /// The fake provider.
     pub gateway: Gateway,
 }
@@ -76,12 +75,8 @@ pub async fn create_payment(
         None => key::from_headers(&headers).ok(),
     };
     let provider_key = match &key {
-        Some(key) => format!("charge:{}:{}", account.as_str(), key.as_str()),
-        None => format!(
-            "charge:{}:{}",
-            account.as_str(),
-            state.gateway.new_id("once_")
-        ),
+        Some(key) => provider_key(account.as_str(), key.as_str()),
+        None => provider_key(account.as_str(), &state.gateway.new_id("once_")),
     };
     let expires_at_ms = claim.and_then(|Extension(c)| c.expires_at_ms);
 
@@ -117,8 +112,10 @@ pub async fn create_payment(
         }
         Err(e) => {
             error!(error = %e, "payment provider storage failed: 503");
-            return Problem::store_unavailable(format!("the payment could not be made: {e}"))
-                .into_response();
+            return Problem::store_unavailable(
+                "the payment could not be made now; retry with the same Idempotency-Key",
+            )
+            .into_response();
         }
     };
 
@@ -143,7 +140,7 @@ pub async fn create_payment(
     }
     response
         .extensions_mut()
-        .insert(SideRecords(vec![SideWrite::put(
+        .insert(SideRecords(vec![RecordWrite::put(
             PAYMENTS_NAMESPACE,
             record.id.clone(),
             stored,
@@ -171,22 +168,13 @@ pub async fn get_payment(
     if id.is_empty() || id.len() > 255 {
         return not_found(&id);
     }
-    let store = state.store.clone();
-    let lookup_id = id.clone();
-    let found = StoreCalls::for_store(&store)
-        .run(move || store.side_get(PAYMENTS_NAMESPACE.as_bytes(), lookup_id.as_bytes()))
-        .await;
-    let bytes = match found {
-        Ok(Ok(Some(bytes))) => bytes,
-        Ok(Ok(None)) => return not_found(&id),
-        Ok(Err(e)) => {
-            error!(error = %e, "payment lookup failed: 503");
-            return Problem::store_unavailable(format!("the payment could not be read: {e}"))
-                .into_response();
-        }
+    let bytes = match state.store.record(PAYMENTS_NAMESPACE, &id).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return not_found(&id),
         Err(e) => {
-            error!(error = %e, "payment lookup task failed");
-            return Problem::internal("the payment could not be read").into_response();
+            error!(error = %e, "payment lookup failed: 503");
+            return Problem::store_unavailable("the payment could not be read now; retry later")
+                .into_response();
         }
     };
     let record: PaymentRecord = match serde_json::from_slice(&bytes) {

@@ -7,7 +7,7 @@ pub mod provider;
 
 pub use handler::{PaymentsState, create_payment, get_payment};
 pub use model::{CreatePayment, PaymentRecord};
-pub use provider::{Charge, Gateway, GatewayConfig, GatewayError};
+pub use provider::{Charge, Gateway, GatewayConfig, GatewayError, provider_key};
 
 /// Side-record namespace of payment records (key: payment id).
 pub const PAYMENTS_NAMESPACE: &str = "payments";

@@ -1,8 +1,10 @@
 //! Payment request and record shapes, and the validation of amounts and currencies.
 //!
-//! Amounts are decimal JSON numbers in major units (`100.00` BRL); internally they are integer minor
-//! units (cents) so that no float arithmetic touches money after parsing.
+//! Amounts are decimal JSON numbers in major units (`100.00` BRL), parsed exactly from their text
+//! (no float ever holds money); internally they are integer minor units (cents).
 
+use rust_decimal::Decimal;
+use rust_decimal::prelude::ToPrimitive;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
 use serde_json::value::RawValue;
@@ -46,33 +48,41 @@ impl CreatePayment {
     }
 }
 
-/// Converts a JSON amount in major units to minor units.
+/// Converts a JSON amount in major units to minor units, exactly.
+///
+/// The number's own decimal text is parsed (serde_json keeps it: `arbitrary_precision`) into a
+/// [`Decimal`], never into a float: every amount with at most two decimal places up to
+/// [`MAX_AMOUNT_MINOR`] is accepted as written, and anything more precise is refused, never
+/// rounded. Trailing zeros do not count as precision (`1.500` is `1.50`).
 pub fn amount_to_minor(amount: &Number) -> Result<i64, String> {
-    let minor = if let Some(units) = amount.as_i64() {
-        units.checked_mul(100)
-    } else if amount.as_u64().is_some() {
-        None
+    let text = amount.as_str();
+    let parsed = if text.contains(['e', 'E']) {
+        Decimal::from_scientific(text)
     } else {
-        let value = amount.as_f64().unwrap_or(f64::NAN);
-        if !value.is_finite() {
-            return Err("amount must be a finite number".into());
-        }
-        let scaled = value * 100.0;
-        let rounded = scaled.round();
-        if (scaled - rounded).abs() > 1e-6 {
-            return Err(format!("amount {amount} has more than two decimal places"));
-        }
-        if rounded.abs() > MAX_AMOUNT_MINOR as f64 {
-            None
-        } else {
-            Some(rounded as i64)
-        }
+        Decimal::from_str_exact(text)
     };
-    match minor {
-        Some(m) if m <= 0 => Err("amount must be greater than zero".into()),
-        Some(m) if m <= MAX_AMOUNT_MINOR => Ok(m),
-        _ => Err(format!("amount {amount} is too large")),
+    let Ok(value) = parsed else {
+        return Err(format!(
+            "amount {text} is out of range or has more than two decimal places"
+        ));
+    };
+    let value = value.normalize();
+    if value.scale() > 2 {
+        return Err(format!("amount {text} has more than two decimal places"));
     }
+    if value <= Decimal::ZERO {
+        return Err("amount must be greater than zero".into());
+    }
+    let minor = value
+        .checked_mul(Decimal::ONE_HUNDRED)
+        .and_then(|m| m.to_i64())
+        .filter(|m| *m <= MAX_AMOUNT_MINOR);
+    minor.ok_or_else(|| {
+        format!(
+            "amount {text} is too large: the largest is {}",
+            format_minor(MAX_AMOUNT_MINOR)
+        )
+    })
 }
 
 /// Minor units written as a decimal with two places: `10000` → `100.00`.
@@ -137,6 +147,64 @@ mod tests {
         assert_eq!(minor("100"), Ok(10_000));
         assert_eq!(minor("19.99"), Ok(1_999));
         assert_eq!(minor("0.01"), Ok(1));
+    }
+
+    #[test]
+    fn amounts_that_floats_mangled_are_exact() {
+        // 550137998.06 × 100 in f64 is 55013799805.99999…: it was refused as over-precise.
+        assert_eq!(minor("550137998.06"), Ok(55_013_799_806));
+        assert_eq!(minor("9999999999.99"), Ok(MAX_AMOUNT_MINOR));
+        assert_eq!(minor("1.500"), Ok(150));
+        assert_eq!(minor("1e2"), Ok(10_000));
+        assert_eq!(minor("12.5E-1"), Ok(125));
+    }
+
+    #[test]
+    fn sub_cent_precision_is_refused_not_rounded() {
+        // Through f64 this was 1.00 and was charged as such.
+        for bad in [
+            "1.000000001",
+            "0.009",
+            "100.0000000000000000000000000001",
+            "0.1000000000000000001",
+            "1e-3",
+        ] {
+            let err = minor(bad).expect_err(bad);
+            assert!(err.contains("decimal places"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn amounts_over_the_maximum_are_refused() {
+        for bad in [
+            "10000000000",
+            "10000000000.00",
+            "1e11",
+            "99999999999999999999999999999999",
+        ] {
+            assert!(minor(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_two_decimal_amount_round_trips_exactly(minor_units in 1i64..=MAX_AMOUNT_MINOR) {
+            let text = format_minor(minor_units);
+            proptest::prop_assert_eq!(minor(&text), Ok(minor_units));
+            let record = PaymentRecord {
+                id: "pay_1".into(),
+                account: "acct".into(),
+                amount_minor: minor_units,
+                currency: "BRL".into(),
+                status: "succeeded".into(),
+                charge_id: "ch_1".into(),
+            };
+            let stored = serde_json::to_vec(&record).expect("stored");
+            let back: PaymentRecord = serde_json::from_slice(&stored).expect("parse");
+            let public = back.to_public_json().expect("public");
+            let v: serde_json::Value = serde_json::from_slice(&public).expect("json");
+            proptest::prop_assert_eq!(v["amount"].as_number().map(Number::as_str), Some(text.as_str()));
+        }
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The fake payment provider ("gateway"): charges, deduplicated on a caller-supplied key, and a
 //! charge counter that never goes down.
 //!
-//! Like a real provider's idempotency keys, a provider key (`charge:{scope}:{key}`) returns the
-//! original charge for as long as it is remembered, instead of charging again. That is what makes a
-//! retry after a crash, a lost response or a takeover safe: the handler runs again, but the money
-//! moves once. Charges are kept in the engine as side records (namespace `gateway.charges`) that
-//! expire with the idempotency key they were made under; the all-time count is kept in
-//! [`COUNTER_SHARDS`] counter records (namespace `gateway.counters`) written in the same atomic
-//! append as the charge, so `gateway_charges_total` survives restarts and never decreases.
+//! Like a real provider's idempotency keys, a provider key ([`provider_key`]) returns the original
+//! charge for as long as it is remembered, instead of charging again. That is what makes a retry
+//! after a crash, a lost response or a takeover safe: the handler runs again, but the money moves
+//! once. Charges are business records (namespace [`CHARGES_NAMESPACE`]) that expire with the
+//! idempotency key they were made under, written with
+//! [`IdempotencyStore::insert_once`](crate::idempotency::IdempotencyStore::insert_once): the
+//! check-and-charge is atomic across every process sharing the store, and the all-time count
+//! ([`CHARGES_COUNTER`], `gateway_charges_total`) goes up in the same atomic step, so it survives
+//! restarts, counts every instance's charges and never decreases.
 //!
 //! Simulated faults: every call takes `latency` to answer *after* the charge is recorded (a crash in
 //! that window leaves a charge whose response never arrived), and the first `fail_after_charge` new
@@ -17,22 +19,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
-use idemlog::{Clock, SideWrite, Store};
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::store_calls::StoreCalls;
+use crate::idempotency::{Expiry, InsertOnce, RecordWrite, SharedStore, StoreError};
 
 /// Namespace of charge records, keyed by provider key.
 pub const CHARGES_NAMESPACE: &str = "gateway.charges";
-/// Namespace of the charge counter records.
-pub const COUNTERS_NAMESPACE: &str = "gateway.counters";
-/// Counter records; charges are spread over them by provider key so that charges for different keys
-/// do not queue behind one counter.
-pub const COUNTER_SHARDS: usize = 16;
+/// The persisted counter of charges (`gateway_charges_total`).
+pub const CHARGES_COUNTER: &str = "charges_total";
+
+/// The provider key of idempotency key `key` in scope `scope`: `charge:{len(scope)}:{scope}:{key}`.
+///
+/// The scope's length comes first, so the split between scope and key is never ambiguous: with a
+/// plain `charge:{scope}:{key}`, scope `acct_a` with key `b:k` and scope `acct_a:b` with key `k` were
+/// one provider key, and the second tenant was handed the first tenant's charge. The parts stay
+/// readable in logs.
+pub fn provider_key(scope: &str, key: &str) -> String {
+    format!("charge:{}:{scope}:{key}", scope.len())
+}
 
 /// How the fake provider behaves.
 #[derive(Clone)]
@@ -43,8 +49,6 @@ pub struct GatewayConfig {
     pub latency: Duration,
     /// The first N new charges fail as though their response was lost.
     pub fail_after_charge: u64,
-    /// The store's clock, to turn an absolute expiry into a TTL.
-    pub clock: Arc<dyn Clock>,
 }
 
 /// A charge.
@@ -75,13 +79,10 @@ pub enum GatewayError {
     },
     /// The store failed.
     #[error("provider storage failed: {0}")]
-    Store(#[from] idemlog::Error),
-    /// A stored charge or counter does not parse.
+    Store(#[from] StoreError),
+    /// A stored charge does not parse.
     #[error("provider record {0} is unreadable")]
     Corrupt(String),
-    /// The blocking task failed.
-    #[error("provider task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
 }
 
 /// The fake provider. Cheap to clone.
@@ -91,78 +92,63 @@ pub struct Gateway {
 }
 
 struct Inner {
-    store: Store,
+    store: SharedStore,
     config: GatewayConfig,
-    /// Each shard's persisted count; the lock also serialises check-and-charge for its keys.
-    shards: Vec<Mutex<u64>>,
     /// New charges made by this process, for `fail_after_charge`.
     new_charges: AtomicU64,
-    /// Feeds charge ids.
+    /// Feeds ids.
     sequence: AtomicU64,
     seed: [u8; 16],
 }
 
-fn counter_key(shard: usize) -> String {
-    format!("charges_total/{shard:02}")
-}
-
-fn shard_of(provider_key: &str) -> usize {
-    let digest = Sha256::digest(provider_key.as_bytes());
-    usize::from(digest[0]) % COUNTER_SHARDS
-}
-
 impl Gateway {
-    /// Opens the provider on `store`, loading its counters.
-    pub fn open(store: Store, config: GatewayConfig) -> Result<Self, GatewayError> {
-        let mut shards = Vec::with_capacity(COUNTER_SHARDS);
-        for shard in 0..COUNTER_SHARDS {
-            let key = counter_key(shard);
-            let count = match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
-                None => 0,
-                Some(bytes) => std::str::from_utf8(&bytes)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| GatewayError::Corrupt(format!("{COUNTERS_NAMESPACE}/{key}")))?,
-            };
-            shards.push(Mutex::new(count));
-        }
+    /// The provider on `store`.
+    pub fn new(store: SharedStore, config: GatewayConfig) -> Self {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         let mut seed = [0; 16];
+        // Ids must not collide across processes sharing one database: the seed mixes the time,
+        // the pid and the address of a fresh allocation.
+        let local = Box::new(0u8);
         seed.copy_from_slice(
             &Sha256::new()
                 .chain_update(now.to_be_bytes())
                 .chain_update(std::process::id().to_be_bytes())
-                .chain_update(store.dir().as_os_str().as_encoded_bytes())
+                .chain_update((std::ptr::from_ref(&*local) as usize).to_be_bytes())
                 .finalize()[..16],
         );
-        Ok(Self {
+        Self {
             inner: Arc::new(Inner {
                 store,
                 config,
-                shards,
                 new_charges: AtomicU64::new(0),
                 sequence: AtomicU64::new(0),
                 seed,
             }),
-        })
+        }
     }
 
-    /// Every charge ever made through this data directory.
-    pub fn charges_total(&self) -> u64 {
-        self.inner.shards.iter().map(|s| *s.lock()).sum()
+    /// Every charge ever made through this store (all processes sharing it).
+    pub async fn charges_total(&self) -> Result<u64, StoreError> {
+        self.inner.store.counter(CHARGES_COUNTER).await
     }
 
     /// A fresh id with this prefix (`ch_`, `pay_`), unique across processes and restarts.
     pub fn new_id(&self, prefix: &str) -> String {
-        self.inner.new_id(prefix)
+        let n = self.inner.sequence.fetch_add(1, Ordering::Relaxed);
+        let digest = Sha256::new()
+            .chain_update(self.inner.seed)
+            .chain_update(n.to_be_bytes())
+            .finalize();
+        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{prefix}{hex}")
     }
 
     /// Charges `amount_minor` once per `provider_key`: a key seen before returns its original
-    /// charge. `expires_at_ms` (store clock) is when the caller's own key expires; the provider
-    /// remembers its key until then (or for `key_ttl` when `None`).
+    /// charge. `expires_at_ms` (the store's clock) is when the caller's own key expires; the
+    /// provider remembers its key until then (or for `key_ttl` when `None`).
     pub async fn charge(
         &self,
         provider_key: String,
@@ -170,18 +156,44 @@ impl Gateway {
         currency: String,
         expires_at_ms: Option<u64>,
     ) -> Result<Charge, GatewayError> {
-        let inner = Arc::clone(&self.inner);
-        let span = tracing::Span::current();
-        let calls = StoreCalls::for_store(&inner.store);
-        let (charge, lose_response) = calls
-            .run(move || {
-                let _span = span.enter();
-                inner.charge_blocking(&provider_key, amount_minor, &currency, expires_at_ms)
-            })
-            .await??;
+        let inner = &self.inner;
+        let charge = Charge {
+            id: self.new_id("ch_"),
+            amount_minor,
+            currency,
+        };
+        let value = serde_json::to_vec(&charge)
+            .map_err(|_| GatewayError::Corrupt(format!("new charge {}", charge.id)))?;
+        let expiry = match expires_at_ms {
+            Some(at) => Expiry::AtMs(at),
+            None => Expiry::After(inner.config.key_ttl),
+        };
+        let write = RecordWrite::put_until(CHARGES_NAMESPACE, provider_key.clone(), value, expiry);
+        let (charge, lose_response) = match inner.store.insert_once(&write, CHARGES_COUNTER).await?
+        {
+            InsertOnce::Existing(bytes) => {
+                let existing: Charge = serde_json::from_slice(&bytes).map_err(|_| {
+                    GatewayError::Corrupt(format!("{CHARGES_NAMESPACE}/{provider_key}"))
+                })?;
+                if existing.amount_minor != charge.amount_minor
+                    || existing.currency != charge.currency
+                {
+                    return Err(GatewayError::KeyReused {
+                        charge_id: existing.id,
+                    });
+                }
+                info!(charge_id = %existing.id, provider_key, "gateway: provider key seen before, returning the original charge");
+                (existing, false)
+            }
+            InsertOnce::Inserted => {
+                let nth = inner.new_charges.fetch_add(1, Ordering::Relaxed) + 1;
+                info!(charge_id = %charge.id, amount_minor, currency = %charge.currency, provider_key, "gateway: charged");
+                (charge, nth <= inner.config.fail_after_charge)
+            }
+        };
         // Even a zero-length tokio sleep waits for the next timer tick (about 1 ms), which would
         // dominate a benchmark run with `--gateway-latency 0ms`.
-        let latency = self.inner.config.latency;
+        let latency = inner.config.latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
@@ -195,65 +207,25 @@ impl Gateway {
     }
 }
 
-impl Inner {
-    fn new_id(&self, prefix: &str) -> String {
-        let n = self.sequence.fetch_add(1, Ordering::Relaxed);
-        let digest = Sha256::new()
-            .chain_update(self.seed)
-            .chain_update(n.to_be_bytes())
-            .finalize();
-        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{prefix}{hex}")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_keys_of_different_scope_and_key_pairs_differ() {
+        // The audit's collision: ("acct_a", "b:k") and ("acct_a:b", "k").
+        assert_ne!(provider_key("acct_a", "b:k"), provider_key("acct_a:b", "k"));
+        assert_eq!(provider_key("acct_a", "order-1"), "charge:6:acct_a:order-1");
     }
 
-    /// Check-and-charge under the key's shard lock. Returns the charge and whether to simulate a
-    /// lost response.
-    fn charge_blocking(
-        &self,
-        provider_key: &str,
-        amount_minor: i64,
-        currency: &str,
-        expires_at_ms: Option<u64>,
-    ) -> Result<(Charge, bool), GatewayError> {
-        let shard = shard_of(provider_key);
-        let mut count = self.shards[shard].lock();
-        let ns = CHARGES_NAMESPACE.as_bytes();
-        if let Some(bytes) = self.store.side_get(ns, provider_key.as_bytes())? {
-            let existing: Charge = serde_json::from_slice(&bytes).map_err(|_| {
-                GatewayError::Corrupt(format!("{CHARGES_NAMESPACE}/{provider_key}"))
-            })?;
-            if existing.amount_minor != amount_minor || existing.currency != currency {
-                return Err(GatewayError::KeyReused {
-                    charge_id: existing.id,
-                });
+    proptest::proptest! {
+        #[test]
+        fn provider_keys_are_injective(
+            a in "[a-z:]{1,6}", b in "[a-z:]{1,6}", c in "[a-z:]{1,6}", d in "[a-z:]{1,6}"
+        ) {
+            if (a.as_str(), b.as_str()) != (c.as_str(), d.as_str()) {
+                proptest::prop_assert_ne!(provider_key(&a, &b), provider_key(&c, &d));
             }
-            info!(charge_id = %existing.id, "gateway: provider key seen before, returning the original charge");
-            return Ok((existing, false));
         }
-        let charge = Charge {
-            id: self.new_id("ch_"),
-            amount_minor,
-            currency: currency.to_owned(),
-        };
-        let ttl = match expires_at_ms {
-            Some(at) => Duration::from_millis(at.saturating_sub(self.config.clock.now_ms()).max(1)),
-            None => self.config.key_ttl,
-        };
-        let value = serde_json::to_vec(&charge)
-            .map_err(|_| GatewayError::Corrupt(format!("new charge {}", charge.id)))?;
-        let next = *count + 1;
-        self.store.side_write(&[
-            SideWrite::put_with_ttl(
-                CHARGES_NAMESPACE,
-                Bytes::copy_from_slice(provider_key.as_bytes()),
-                value,
-                ttl,
-            ),
-            SideWrite::put(COUNTERS_NAMESPACE, counter_key(shard), next.to_string()),
-        ])?;
-        *count = next;
-        let nth = self.new_charges.fetch_add(1, Ordering::Relaxed) + 1;
-        info!(charge_id = %charge.id, amount_minor, currency, "gateway: charged");
-        Ok((charge, nth <= self.config.fail_after_charge))
     }
 }

@@ -10,8 +10,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use idemlog::storage::FaultyStorage;
-use idemlog::{Durability, ManualClock, Options, Store};
+use idemlog::{Durability, ManualClock, Options};
 use idemlog_server::auth::ApiKeys;
+use idemlog_server::backends::embedded::EmbeddedStore;
 use idemlog_server::idempotency::{FingerprintMode, Outcome};
 use idemlog_server::{App, AppConfig, app};
 use tower::ServiceExt;
@@ -32,6 +33,8 @@ pub struct Settings {
     pub fingerprint: FingerprintMode,
     /// `None` makes the server call the store inline instead of on the blocking pool.
     pub durability: Durability,
+    /// `Retry-After` hint of a 409.
+    pub retry_after: Duration,
 }
 
 impl Default for Settings {
@@ -43,6 +46,7 @@ impl Default for Settings {
             idempotency: true,
             fingerprint: FingerprintMode::CanonicalJson,
             durability: Durability::Sync,
+            retry_after: Duration::from_secs(1),
         }
     }
 }
@@ -52,7 +56,8 @@ pub struct TestApp {
     pub clock: ManualClock,
     pub dir: PathBuf,
     pub settings: Settings,
-    pub store: Store,
+    pub keys: Vec<(String, String)>,
+    pub store: EmbeddedStore,
     pub app: App,
     pub router: Router,
 }
@@ -95,15 +100,29 @@ impl TestApp {
     }
 
     pub fn with(settings: Settings) -> Self {
+        Self::build(settings, default_keys())
+    }
+
+    /// An app whose API keys authenticate these accounts.
+    pub fn with_keys(keys: &[(&str, &str)]) -> Self {
+        let keys = keys
+            .iter()
+            .map(|(k, a)| ((*k).to_owned(), (*a).to_owned()))
+            .collect();
+        Self::build(Settings::default(), keys)
+    }
+
+    fn build(settings: Settings, keys: Vec<(String, String)>) -> Self {
         let fs = FaultyStorage::new();
         let clock = ManualClock::new(1_700_000_000_000);
         let dir = PathBuf::from("/data");
-        let (store, app, router) = build(&fs, &clock, &dir, &settings);
+        let (store, app, router) = build(&fs, &clock, &dir, &settings, &keys);
         Self {
             fs,
             clock,
             dir,
             settings,
+            keys,
             store,
             app,
             router,
@@ -119,20 +138,29 @@ impl TestApp {
 
     /// Clean shutdown (close flushes and syncs) and a new process on the same data directory.
     pub fn restart(&mut self) {
-        self.store.close().expect("close");
+        self.store
+            .engine()
+            .expect("store open")
+            .close()
+            .expect("close");
         self.fs.crash(idemlog::storage::CrashMode::DropUnsynced);
         self.reopen();
     }
 
     fn reopen(&mut self) {
-        let (store, app, router) = build(&self.fs, &self.clock, &self.dir, &self.settings);
+        let (store, app, router) =
+            build(&self.fs, &self.clock, &self.dir, &self.settings, &self.keys);
         self.store = store;
         self.app = app;
         self.router = router;
     }
 
-    pub fn charges(&self) -> u64 {
-        self.app.gateway.charges_total()
+    pub async fn charges(&self) -> u64 {
+        self.app
+            .gateway
+            .charges_total()
+            .await
+            .expect("charge counter")
     }
 
     pub fn outcome(&self, outcome: Outcome) -> u64 {
@@ -174,19 +202,16 @@ fn build(
     clock: &ManualClock,
     dir: &PathBuf,
     settings: &Settings,
-) -> (Store, App, Router) {
+    keys: &[(String, String)],
+) -> (EmbeddedStore, App, Router) {
     let options = Options::default()
         .storage(Arc::new(fs.clone()))
         .clock(Arc::new(clock.clone()))
         .lease(LEASE)
         .durability(settings.durability)
         .max_value_bytes(64 * 1024);
-    let store = Store::open(dir, options).expect("open store");
-    let keys = ApiKeys::new(&[
-        (KEY_A.into(), ACCOUNT_A.into()),
-        (KEY_B.into(), ACCOUNT_B.into()),
-    ])
-    .expect("keys");
+    let store = EmbeddedStore::open(dir, options).expect("open store");
+    let keys = ApiKeys::new(keys).expect("keys");
     let config = AppConfig {
         key_ttl: TTL,
         lease: LEASE,
@@ -196,11 +221,18 @@ fn build(
         gateway_latency: settings.latency,
         gateway_fail_after_charge: settings.fail_after_charge,
         idempotency: settings.idempotency,
-        clock: Arc::new(clock.clone()),
+        retry_after: settings.retry_after,
     };
-    let app_state = App::new(store.clone(), keys, &config).expect("app");
+    let app_state = App::new(Arc::new(store.clone()), keys, &config);
     let router = app(&app_state);
     (store, app_state, router)
+}
+
+fn default_keys() -> Vec<(String, String)> {
+    vec![
+        (KEY_A.into(), ACCOUNT_A.into()),
+        (KEY_B.into(), ACCOUNT_B.into()),
+    ]
 }
 
 pub fn payment(api_key: &str, idempotency_key: Option<&str>, body: &str) -> Request<Body> {

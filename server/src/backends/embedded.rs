@@ -1,0 +1,574 @@
+//! The embedded backend: [`IdempotencyStore`] on the idemlog engine in one data directory.
+//!
+//! It owns three things the engine does not:
+//! - **where calls run** ([`StoreCalls`]): inline under `Durability::None`, on the blocking pool
+//!   when a call may wait for an fdatasync;
+//! - **atomic check-and-insert with a counter** ([`IdempotencyStore::insert_once`]): one process
+//!   owns the directory, so a striped mutex serialises the check and the write for keys of one
+//!   stripe; the counter is kept in [`COUNTER_STRIPES`] side records (`{name}/{stripe:02}` in
+//!   [`COUNTERS_NAMESPACE`]) written in the same atomic append as the record;
+//! - **self-healing**: an I/O failure (a full disk, a failed fdatasync) poisons the engine, which then
+//!   refuses all work, because after a failed fsync the kernel may have dropped dirty pages. This
+//!   backend then reports [`Health::Unavailable`], closes the store and opens the directory again
+//!   (full recovery from the log, exactly as at start-up) with capped exponential backoff until it
+//!   succeeds, and serves again without a process restart. Nothing acknowledged is lost: recovery
+//!   keeps every synced frame, and only acknowledged work was synced.
+//!
+//! Invariant: at most one engine [`Store`] of the directory is open at a time (the engine's
+//! directory lock enforces it); the healer closes the old one before it opens the new one, and
+//! retries while straggling handles of the old one still hold the lock.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idemlog::{Durability, Options, SideWrite, Store};
+use parking_lot::{Mutex, RwLock};
+use sha2::{Digest, Sha256};
+use tracing::{error, info, warn};
+
+use crate::idempotency::store::{
+    ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore, InsertOnce,
+    KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
+};
+use crate::store_calls::StoreCalls;
+
+/// Namespace of counter records. The name predates the store interface (the provider's charge
+/// counter lived here first) and is kept so existing data directories keep their counts.
+pub const COUNTERS_NAMESPACE: &str = "gateway.counters";
+/// Records per counter, and lock stripes of `insert_once`: inserts of keys in different stripes
+/// do not queue behind one lock or one counter record.
+pub const COUNTER_STRIPES: usize = 16;
+
+/// First wait before a reopen attempt after the store failed.
+const HEAL_FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Longest wait between reopen attempts.
+const HEAL_MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The embedded store. Cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    options: Options,
+    /// The open store, or `None` while it is being reopened.
+    current: RwLock<Option<Opened>>,
+    /// Set while a healer task runs, so only one does.
+    healing: AtomicBool,
+    /// Why the store is out of service (for `/readyz` and logs).
+    reason: Mutex<Option<String>>,
+    /// Set by `close`: no healing after shutdown.
+    closed: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Opened {
+    store: Store,
+    calls: StoreCalls,
+    counters: Arc<Counters>,
+}
+
+/// In-memory copies of the persisted counters, loaded on first use from the store they belong to.
+#[derive(Default)]
+struct Counters {
+    by_name: Mutex<Vec<(&'static str, Stripes)>>,
+}
+
+/// One counter's persisted stripes; each lock also serialises `insert_once` for its keys.
+type Stripes = Arc<[Mutex<u64>]>;
+
+impl Counters {
+    fn stripes(&self, store: &Store, name: &'static str) -> idemlog::Result<Stripes> {
+        let mut by_name = self.by_name.lock();
+        if let Some((_, stripes)) = by_name.iter().find(|(n, _)| *n == name) {
+            return Ok(Arc::clone(stripes));
+        }
+        let mut loaded = Vec::with_capacity(COUNTER_STRIPES);
+        for stripe in 0..COUNTER_STRIPES {
+            let key = counter_key(name, stripe);
+            let value = match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
+                None => 0,
+                // A counter record that does not parse is corrupt data; counting from zero would
+                // make the counter go down, so refuse.
+                Some(bytes) => std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or(idemlog::Error::InvalidArgument(
+                        "a counter record does not hold a number",
+                    ))?,
+            };
+            loaded.push(Mutex::new(value));
+        }
+        let stripes: Stripes = loaded.into();
+        by_name.push((name, Arc::clone(&stripes)));
+        Ok(stripes)
+    }
+}
+
+fn counter_key(name: &str, stripe: usize) -> String {
+    format!("{name}/{stripe:02}")
+}
+
+/// The stripe of a record key: namespace and key are length-prefixed so that no two different pairs
+/// hash the same input.
+fn stripe_of(namespace: &str, key: &str) -> usize {
+    let digest = Sha256::new()
+        .chain_update((namespace.len() as u64).to_le_bytes())
+        .chain_update(namespace.as_bytes())
+        .chain_update(key.as_bytes())
+        .finalize();
+    usize::from(digest[0]) % COUNTER_STRIPES
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if missing) the store in `dir`. Blocking: call it from a blocking context.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> idemlog::Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let store = Store::open(&dir, options.clone())?;
+        Ok(Self::from_store(store, dir, options))
+    }
+
+    fn from_store(store: Store, dir: PathBuf, options: Options) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                dir,
+                options,
+                current: RwLock::new(Some(Opened::new(store))),
+                healing: AtomicBool::new(false),
+                reason: Mutex::new(None),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The engine store currently open (`None` while it is being reopened): for start-up reports,
+    /// operator tools and tests.
+    pub fn engine(&self) -> Option<Store> {
+        self.shared
+            .current
+            .read()
+            .as_ref()
+            .map(|opened| opened.store.clone())
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The durability mode the store runs in.
+    pub fn durability(&self) -> Durability {
+        self.shared.options.durability
+    }
+
+    /// The open store, or the 503 a caller gets while there is none.
+    fn opened(&self) -> Result<Opened, StoreError> {
+        match self.shared.current.read().as_ref() {
+            Some(opened) => Ok(opened.clone()),
+            None => Err(StoreError::Unavailable(
+                self.shared
+                    .reason
+                    .lock()
+                    .clone()
+                    .unwrap_or_else(|| "the store is being reopened".to_owned()),
+            )),
+        }
+    }
+
+    /// Runs a blocking engine call where the durability mode allows, mapping its errors; an I/O
+    /// failure takes the store out of service and starts healing.
+    async fn call<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&Opened) -> idemlog::Result<T> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let opened = self.opened()?;
+        let calls = opened.calls;
+        let result = calls.run(move || call(&opened)).await;
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.engine_error(e)),
+            Err(join) => Err(StoreError::Internal(format!("store task failed: {join}"))),
+        }
+    }
+
+    fn engine_error(&self, e: idemlog::Error) -> StoreError {
+        use idemlog::Error as E;
+        match e {
+            E::LeaseLost { scope, key, fence } => StoreError::LeaseLost { scope, key, fence },
+            e @ (E::TooLarge { .. } | E::Empty(_) | E::InvalidArgument(_)) => {
+                StoreError::Rejected(e.to_string())
+            }
+            e @ (E::Io { .. } | E::Poisoned(_)) => {
+                self.start_healing(&e);
+                StoreError::Unavailable(e.to_string())
+            }
+            e @ E::Closed => StoreError::Unavailable(e.to_string()),
+            e => StoreError::Internal(e.to_string()),
+        }
+    }
+
+    /// Takes the store out of service and starts the healer, unless one runs already.
+    fn start_healing(&self, cause: &idemlog::Error) {
+        if self.shared.closed.load(Ordering::Acquire)
+            || self.shared.healing.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let reason = format!("the store failed and is being reopened: {cause}");
+        error!(error = %cause, dir = %self.shared.dir.display(), "store failed: out of service until it is reopened");
+        *self.shared.reason.lock() = Some(reason);
+        let old = self.shared.current.write().take();
+        let this = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move { this.heal(old).await });
+            }
+            Err(_) => {
+                // No runtime (a blocking caller outside tokio): heal on a thread of our own.
+                std::thread::spawn(move || {
+                    if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                    {
+                        rt.block_on(this.heal(old));
+                    }
+                });
+            }
+        }
+    }
+
+    /// Closes the failed store and reopens the directory until that works.
+    async fn heal(self, old: Option<Opened>) {
+        if let Some(old) = old {
+            let store = old.store;
+            // A poisoned store refuses to sync; closing still stops its threads. The directory lock
+            // goes when the last handle (some may still be in callers' hands) drops.
+            let closed = tokio::task::spawn_blocking(move || store.close()).await;
+            if let Ok(Err(e)) = closed {
+                info!(error = %e, "closed the failed store (its unsynced writes were never acknowledged)");
+            }
+        }
+        let mut backoff = HEAL_FIRST_BACKOFF;
+        let mut attempt = 1u32;
+        loop {
+            tokio::time::sleep(backoff).await;
+            if self.shared.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let (dir, options) = (self.shared.dir.clone(), self.shared.options.clone());
+            let opened = tokio::task::spawn_blocking(move || Store::open(&dir, options)).await;
+            match opened {
+                Ok(Ok(store)) => {
+                    let report = store.recovery_report();
+                    info!(
+                        attempt,
+                        operations = report.operations,
+                        segments = report.segments,
+                        "store reopened after a failure: back in service"
+                    );
+                    *self.shared.current.write() = Some(Opened::new(store));
+                    *self.shared.reason.lock() = None;
+                    self.shared.healing.store(false, Ordering::Release);
+                    return;
+                }
+                Ok(Err(e)) => {
+                    let next = (backoff * 2).min(HEAL_MAX_BACKOFF);
+                    warn!(attempt, error = %e, next_attempt_in_ms = next.as_millis() as u64, "reopening the store failed");
+                    *self.shared.reason.lock() = Some(format!("reopening the store failed: {e}"));
+                    backoff = next;
+                }
+                Err(join) => {
+                    error!(error = %join, "store reopen task failed");
+                    backoff = (backoff * 2).min(HEAL_MAX_BACKOFF);
+                }
+            }
+            attempt = attempt.saturating_add(1);
+        }
+    }
+}
+
+impl Opened {
+    fn new(store: Store) -> Self {
+        Self {
+            calls: StoreCalls::for_store(&store),
+            store,
+            counters: Arc::default(),
+        }
+    }
+
+    /// A record write as the engine takes it; an absolute expiry becomes a TTL on the engine's clock.
+    fn side_write(&self, write: &RecordWrite, now_ms: u64) -> SideWrite {
+        let (ns, key) = (
+            write.namespace,
+            Bytes::copy_from_slice(write.key.as_bytes()),
+        );
+        match (&write.value, write.expiry) {
+            (None, _) => SideWrite::remove(ns, key),
+            (Some(value), Expiry::Never) => SideWrite::put(ns, key, value.clone()),
+            (Some(value), Expiry::After(ttl)) => {
+                SideWrite::put_with_ttl(ns, key, value.clone(), ttl.max(Duration::from_millis(1)))
+            }
+            (Some(value), Expiry::AtMs(at)) => SideWrite::put_with_ttl(
+                ns,
+                key,
+                value.clone(),
+                Duration::from_millis(at.saturating_sub(now_ms).max(1)),
+            ),
+        }
+    }
+
+    fn side_writes(&self, writes: &[RecordWrite], now_ms: u64) -> Vec<SideWrite> {
+        writes.iter().map(|w| self.side_write(w, now_ms)).collect()
+    }
+}
+
+/// The engine's token inside ours.
+fn engine_token(token: &ClaimToken) -> Result<&idemlog::ClaimToken, StoreError> {
+    token
+        .handle
+        .as_ref()
+        .and_then(|h| h.downcast_ref::<idemlog::ClaimToken>())
+        .ok_or_else(|| StoreError::Internal("a claim token from another backend".to_owned()))
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[async_trait]
+impl IdempotencyStore for EmbeddedStore {
+    async fn claim(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let (scope, key, fp) = (scope.to_owned(), key.to_owned(), *fingerprint);
+        self.call(move |o| {
+            Ok(
+                match o.store.claim(scope.as_bytes(), key.as_bytes(), &fp, ttl)? {
+                    idemlog::ClaimOutcome::Acquired(token) => ClaimOutcome::Acquired(ClaimToken {
+                        scope: lossy(token.scope()),
+                        key: lossy(token.key()),
+                        fence: token.fence(),
+                        takeover: token.takeover(),
+                        expires_at_ms: token.expires_at_ms(),
+                        handle: Some(Arc::new(token)),
+                    }),
+                    idemlog::ClaimOutcome::InProgress { retry_after } => ClaimOutcome::InProgress {
+                        lease_left: retry_after,
+                    },
+                    idemlog::ClaimOutcome::Completed(stored) => ClaimOutcome::Completed(stored),
+                    idemlog::ClaimOutcome::Mismatch => ClaimOutcome::Mismatch,
+                },
+            )
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        token: &ClaimToken,
+        response: &StoredResponse,
+        records: &[RecordWrite],
+    ) -> Result<(), StoreError> {
+        let engine = engine_token(token)?.clone();
+        let response = response.clone();
+        let records = records.to_vec();
+        let now = self.shared.options.clock.now_ms();
+        self.call(move |o| {
+            let side = o.side_writes(&records, now);
+            o.store.complete(&engine, &response, &side)
+        })
+        .await
+    }
+
+    async fn release(&self, token: &ClaimToken) -> Result<(), StoreError> {
+        let engine = engine_token(token)?.clone();
+        self.call(move |o| o.store.release(&engine)).await
+    }
+
+    async fn extend(&self, token: &ClaimToken) -> Result<Duration, StoreError> {
+        let engine = engine_token(token)?.clone();
+        self.call(move |o| o.store.extend(&engine)).await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let (scope, key) = (scope.to_owned(), key.to_owned());
+        let clock = Arc::clone(&self.shared.options.clock);
+        self.call(move |o| {
+            let Some(record) = o.store.get(scope.as_bytes(), key.as_bytes())? else {
+                return Ok(None);
+            };
+            let state = match record.state {
+                idemlog::RecordState::InProgress { lease_until_ms } => KeyState::InProgress {
+                    lease_left: Duration::from_millis(
+                        lease_until_ms.saturating_sub(clock.now_ms()),
+                    ),
+                },
+                idemlog::RecordState::Completed(stored) => KeyState::Completed(stored),
+            };
+            Ok(Some(KeyRecord {
+                fingerprint: record.fingerprint,
+                fence: record.fence,
+                expires_at_ms: record.expires_at_ms,
+                state,
+            }))
+        })
+        .await
+    }
+
+    async fn record(&self, namespace: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        let (ns, key) = (namespace.to_owned(), key.to_owned());
+        self.call(move |o| o.store.side_get(ns.as_bytes(), key.as_bytes()))
+            .await
+    }
+
+    async fn write_records(&self, writes: &[RecordWrite]) -> Result<(), StoreError> {
+        let writes = writes.to_vec();
+        let now = self.shared.options.clock.now_ms();
+        self.call(move |o| o.store.side_write(&o.side_writes(&writes, now)))
+            .await
+    }
+
+    async fn insert_once(
+        &self,
+        write: &RecordWrite,
+        counter: &'static str,
+    ) -> Result<InsertOnce, StoreError> {
+        let write = write.clone();
+        let now = self.shared.options.clock.now_ms();
+        self.call(move |o| {
+            let stripe = stripe_of(write.namespace, &write.key);
+            let stripes = o.counters.stripes(&o.store, counter)?;
+            let mut count = stripes[stripe].lock();
+            let ns = write.namespace.as_bytes();
+            if let Some(existing) = o.store.side_get(ns, write.key.as_bytes())? {
+                return Ok(InsertOnce::Existing(existing));
+            }
+            let next = *count + 1;
+            o.store.side_write(&[
+                o.side_write(&write, now),
+                SideWrite::put(
+                    COUNTERS_NAMESPACE,
+                    counter_key(counter, stripe),
+                    next.to_string(),
+                ),
+            ])?;
+            *count = next;
+            Ok(InsertOnce::Inserted)
+        })
+        .await
+    }
+
+    async fn counter(&self, name: &'static str) -> Result<u64, StoreError> {
+        self.call(move |o| {
+            let stripes = o.counters.stripes(&o.store, name)?;
+            Ok(stripes.iter().map(|s| *s.lock()).sum())
+        })
+        .await
+    }
+
+    fn health(&self) -> Health {
+        if self.shared.current.read().is_some() {
+            Health::Ready
+        } else {
+            Health::Unavailable(
+                self.shared
+                    .reason
+                    .lock()
+                    .clone()
+                    .unwrap_or_else(|| "the store is closed".to_owned()),
+            )
+        }
+    }
+
+    async fn gauges(&self) -> Vec<Gauge> {
+        let Some(store) = self.engine() else {
+            return Vec::new();
+        };
+        let stats = match tokio::task::spawn_blocking(move || store.stats()).await {
+            Ok(stats) => stats,
+            Err(_) => return Vec::new(),
+        };
+        let g = |name, help, value: u64| Gauge {
+            name,
+            help,
+            value: value as f64,
+        };
+        vec![
+            g(
+                "idemlog_records",
+                "Live idempotency records.",
+                stats.records as u64,
+            ),
+            g(
+                "idemlog_records_in_progress",
+                "Claims still in progress.",
+                stats.in_progress as u64,
+            ),
+            g(
+                "idemlog_side_records",
+                "Live side records.",
+                stats.side_records as u64,
+            ),
+            g(
+                "idemlog_disk_bytes",
+                "Bytes of all log segments.",
+                stats.disk_bytes,
+            ),
+            g(
+                "idemlog_live_bytes",
+                "Bytes of live records in the log.",
+                stats.live_bytes,
+            ),
+            g(
+                "idemlog_segments",
+                "Log segment files.",
+                stats.segments as u64,
+            ),
+            g(
+                "idemlog_frames_appended_total",
+                "Frames appended since open.",
+                stats.frames_appended,
+            ),
+            g(
+                "idemlog_syncs_total",
+                "fdatasync calls since open.",
+                stats.syncs,
+            ),
+            g(
+                "idemlog_compactions_total",
+                "Compactions since open.",
+                stats.compactions,
+            ),
+            g(
+                "idemlog_compaction_failures_total",
+                "Compactions that failed since open.",
+                stats.compaction_failures,
+            ),
+        ]
+    }
+
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.shared.closed.store(true, Ordering::Release);
+        let Some(store) = self.engine() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || store.close())
+            .await
+            .map_err(|e| StoreError::Internal(format!("close task failed: {e}")))?
+            .map_err(|e| StoreError::Unavailable(e.to_string()))
+    }
+}
