@@ -115,8 +115,7 @@ impl Store {
         options.validate()?;
         let dir = dir.as_ref().to_owned();
         let storage = Arc::clone(&options.storage);
-        storage
-            .create_dir_all(&dir)
+        crate::storage::create_dir_durable(&*storage, &dir)
             .map_err(|e| Error::io("create directory", &dir, e))?;
         let lock = dir_lock::lock(&*storage, &dir)?;
 

@@ -359,3 +359,19 @@ fn damage_in_a_segment_followed_by_one_with_frames_is_still_corruption() {
         "{err}"
     );
 }
+
+#[test]
+fn a_data_directory_created_by_open_survives_a_power_loss() {
+    let f = Fixture::new();
+    let dir = std::path::PathBuf::from("/srv/idem/data");
+    let store = Store::open(&dir, f.options()).unwrap();
+    let token = acquire(&store, "acct", "k", fp(1));
+    store.complete(&token, &created("x"), &[]).unwrap();
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+    let store = Store::open(&dir, f.options()).unwrap();
+    assert!(
+        store.get(b"acct", b"k").unwrap().is_some(),
+        "the directory entries of /srv, /srv/idem and /srv/idem/data were never made durable"
+    );
+}

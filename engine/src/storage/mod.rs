@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use faulty::{CrashMode, FaultyStorage};
+pub use faulty::{CrashMode, FaultOp, FaultyStorage};
 pub use fs::FsStorage;
 
 /// A file system, as the engine needs it.
@@ -59,6 +59,31 @@ pub trait StorageFile: Send + Sync + 'static {
 
 /// Holds a directory lock until dropped.
 pub trait LockGuard: Send + Sync {}
+
+/// Creates `dir` (and missing parents) so that it survives a power loss: each directory created is
+/// made durable by syncing its parent, which is what holds its entry. An existing directory is left
+/// alone. Without this a new store could acknowledge writes into a directory that a power loss
+/// removes, files and all.
+pub(crate) fn create_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+    match storage.list(dir) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // A relative path's last component has the current directory as its parent.
+    let parent = match dir.parent() {
+        Some(p) if p.as_os_str().is_empty() => Some(Path::new(".")),
+        other => other,
+    };
+    if let Some(parent) = parent {
+        create_dir_durable(storage, parent)?;
+    }
+    storage.create_dir_all(dir)?;
+    if let Some(parent) = parent {
+        storage.sync_dir(parent)?;
+    }
+    Ok(())
+}
 
 /// Replaces `dir/name` atomically and durably with `contents`: write a temporary file, sync it, rename
 /// it over the target, sync the directory. Every metadata file goes through here.
