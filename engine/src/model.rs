@@ -2,8 +2,8 @@
 //!
 //! Not part of the stable API: it exists so that the engine's proptest and the fuzz target drive the
 //! same model. A [`Simulation`] runs [`Step`]s — claims, completions, releases, extensions, clock
-//! moves, clean reopens, crashes (process, power loss, torn tail), injected I/O failures, sweeps and
-//! compactions — against
+//! moves, clean reopens, crashes (process, power loss, torn tail), injected I/O failures, sweeps,
+//! compactions, and a claim racing a segment rotation that crashes half-way — against
 //! a [`Store`] on [`FaultyStorage`] and against a plain in-memory model, and reports the first
 //! observation where they differ. After every crash it checks that every acknowledged operation is
 //! still there. Durability is `Sync`, so every acknowledged operation must survive every crash mode.
@@ -25,7 +25,7 @@ use crate::options::{Durability, Options};
 use crate::record::RecordState;
 use crate::response::StoredResponse;
 use crate::side::SideWrite;
-use crate::storage::{CrashMode, FaultyStorage};
+use crate::storage::{CrashMode, FaultOp, FaultyStorage};
 use crate::store::Store;
 
 const SCOPES: [&str; 2] = ["acct_a", "acct_b"];
@@ -97,6 +97,20 @@ pub enum Step {
     Compact,
     /// Sweep expired records out of memory.
     Sweep,
+    /// Fill the active segment until it rotates; while the rotation has created the next segment and
+    /// not yet synced the old one, claim (scope, key) from another thread (its frame goes to the old
+    /// segment), then fail every I/O call from the old segment's last fdatasync on, as a crash there
+    /// would. The claim is in doubt; a process crash then keeps its frame in the page cache only.
+    RotationRace {
+        /// Scope index.
+        scope: u8,
+        /// Key index.
+        key: u8,
+        /// Fingerprint number.
+        fp: u8,
+        /// TTL index.
+        ttl: u8,
+    },
 }
 
 impl Step {
@@ -106,7 +120,7 @@ impl Step {
         let mut it = bytes.iter().copied();
         while let Some(tag) = it.next() {
             let mut next = || it.next().unwrap_or(0);
-            let step = match tag % 18 {
+            let step = match tag % 19 {
                 0..=4 => Step::Claim {
                     scope: next(),
                     key: next(),
@@ -134,6 +148,12 @@ impl Step {
                 },
                 16 => Step::Compact,
                 17 => Step::Sweep,
+                18 => Step::RotationRace {
+                    scope: next(),
+                    key: next(),
+                    fp: next() % 4,
+                    ttl: next(),
+                },
                 _ => {
                     if next() % 2 == 0 {
                         Step::FailSync
@@ -323,6 +343,17 @@ impl Simulation {
                 self.store().sweep();
                 Ok(())
             }
+            Step::RotationRace {
+                scope,
+                key,
+                fp,
+                ttl,
+            } => self.rotation_race(
+                usize::from(scope) % SCOPES.len(),
+                usize::from(key) % KEYS.len(),
+                fp % 4,
+                TTLS_S[usize::from(ttl) % TTLS_S.len()],
+            ),
         }
     }
 
@@ -415,14 +446,107 @@ impl Simulation {
     }
 
     fn claim(&mut self, scope: usize, key: usize, fp: u8, ttl_s: u64) -> Result<(), String> {
-        let id = (scope, key);
-        let now = self.now();
         let result = self.store().claim(
             SCOPES[scope].as_bytes(),
             KEYS[key].as_bytes(),
             &fingerprint(fp),
             Duration::from_secs(ttl_s),
         );
+        self.claimed(scope, key, fp, ttl_s, result)
+    }
+
+    /// See [`Step::RotationRace`].
+    fn rotation_race(
+        &mut self,
+        scope: usize,
+        key: usize,
+        fp: u8,
+        ttl_s: u64,
+    ) -> Result<(), String> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        type Claimed = std::thread::JoinHandle<crate::Result<ClaimOutcome>>;
+        if self.poisoned {
+            return Ok(());
+        }
+        let store = self.store().clone();
+        let racer: Arc<parking_lot::Mutex<Option<Claimed>>> = Arc::default();
+        let fired = Arc::new(AtomicBool::new(false));
+        let (hook_store, hook_fs) = (store.clone(), self.fs.clone());
+        let (hook_racer, hook_fired) = (Arc::clone(&racer), Arc::clone(&fired));
+        self.fs.on_next(FaultOp::Create, ".seg", move || {
+            hook_fired.store(true, Ordering::SeqCst);
+            // The rotation is in its first phase, writer unlocked: the racing claim appends to the
+            // old segment and then waits for the flush the rotation's second phase makes.
+            let frames = &hook_store.core().writer.counters.frames;
+            let before = frames.load(Ordering::SeqCst);
+            let claimer = hook_store.clone();
+            let handle = std::thread::spawn(move || {
+                claimer.claim(
+                    SCOPES[scope].as_bytes(),
+                    KEYS[key].as_bytes(),
+                    &fingerprint(fp),
+                    Duration::from_secs(ttl_s),
+                )
+            });
+            // Not a timing assumption: the loop ends when the claim has appended or has returned
+            // without appending (a replay, a mismatch); the deadline only guards against a hang.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let appended = loop {
+                if frames.load(Ordering::SeqCst) > before {
+                    break true;
+                }
+                if handle.is_finished() || std::time::Instant::now() > deadline {
+                    break false;
+                }
+                std::thread::yield_now();
+            };
+            if appended {
+                // Creation, header write, header fdatasync, directory fsync and the second phase's
+                // write of the racing frame succeed; the old segment's final fdatasync does not.
+                hook_fs.crash_after(5);
+            }
+            *hook_racer.lock() = Some(handle);
+        });
+        let filler = vec![0u8; (self.segment_size / 8) as usize];
+        let mut filled = Ok(());
+        for i in 0..64 {
+            if fired.load(Ordering::SeqCst) {
+                break;
+            }
+            filled = store.side_write(&[SideWrite::put("filler", format!("f{i}"), filler.clone())]);
+            if filled.is_err() {
+                break;
+            }
+        }
+        self.fs.clear_hooks();
+        let claimed = racer.lock().take();
+        if let Some(handle) = claimed {
+            let result = handle
+                .join()
+                .map_err(|_| "racing claim panicked".to_owned())?;
+            self.claimed(scope, key, fp, ttl_s, result)?;
+        }
+        match filled {
+            Err(e) if e.is_poisoned() => {
+                self.poisoned = true;
+                Ok(())
+            }
+            Err(e) => Err(format!("filler side write: {e}")),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Checks the outcome of a claim of (scope, key) made now against the model, and applies it.
+    fn claimed(
+        &mut self,
+        scope: usize,
+        key: usize,
+        fp: u8,
+        ttl_s: u64,
+        result: crate::Result<ClaimOutcome>,
+    ) -> Result<(), String> {
+        let id = (scope, key);
+        let now = self.now();
         let acquire = |takeover: Option<Takeover>| (takeover, ttl_s);
         let expected = match self.model.live(id, now) {
             Some(r) if r.fp != fp => Expect::Mismatch,

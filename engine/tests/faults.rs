@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, TTL, acquire, created, fp};
-use idemlog::storage::CrashMode;
-use idemlog::{ClaimOutcome, Durability, Error, Store};
+use idemlog::storage::{CrashMode, FaultOp};
+use idemlog::{ClaimOutcome, Durability, Error, SideWrite, Store};
 
 #[test]
 fn failed_fdatasync_poisons_the_store_until_reopen() {
@@ -199,4 +199,51 @@ fn frames_left_unsynced_by_a_dead_process_are_synced_at_open() {
     drop(store);
     f.fs.crash(CrashMode::DropUnsynced);
     assert!(f.open().get(b"acct", b"k").unwrap().is_some());
+}
+
+/// Process 1 (`Durability::None`) crashes during a rotation after creating the next segment and before
+/// its final fdatasync of the old one, with a frame appended during the rotation written to the old
+/// segment but not synced. Process 2 must make that frame durable before serving it: it is in the
+/// second-to-last segment, not the newest.
+#[test]
+fn a_frame_left_unsynced_in_the_old_segment_by_a_crash_during_rotation_is_synced_at_open() {
+    let f = Fixture::new();
+    let none = f.options().segment_size(4096).durability(Durability::None);
+    let store = Store::open(&f.dir, none.clone()).unwrap();
+    // When the rotation creates segment 2 (phase 1, writer unlocked), append one more frame: it goes
+    // to segment 1, written in phase 2. Then let the crash come right before phase 2's fdatasync.
+    let (hook_store, hook_fs) = (store.clone(), f.fs.clone());
+    f.fs.on_next(FaultOp::Create, ".seg", move || {
+        acquire(&hook_store, "acct", "raced", fp(1));
+        // create, header write, header fdatasync, directory fsync, phase 2 write; not its fdatasync.
+        hook_fs.crash_after(5);
+    });
+    let mut i = 0;
+    while store.stats().segments < 2 {
+        let _ = store.side_write(&[SideWrite::put("filler", format!("f{i}"), "x".repeat(100))]);
+        i += 1;
+        assert!(i < 1000, "no rotation");
+    }
+    assert!(store.sync().unwrap_err().is_poisoned());
+    f.fs.crash(CrashMode::ProcessOnly);
+    drop(store);
+
+    // Process 2 sees the frame (it is in the page cache) and serves it, then appends to segment 2.
+    let sync = f.options().segment_size(4096);
+    let store = Store::open(&f.dir, sync.clone()).unwrap();
+    assert!(matches!(
+        store.claim(b"acct", b"raced", &fp(1), TTL).unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    let token = acquire(&store, "acct", "after", fp(1));
+    store.complete(&token, &created("after"), &[]).unwrap();
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+
+    let store = Store::open(&f.dir, sync).expect("opens after the power loss");
+    assert!(
+        store.get(b"acct", b"raced").unwrap().is_some(),
+        "served, then lost"
+    );
+    assert!(store.get(b"acct", b"after").unwrap().is_some());
 }

@@ -255,6 +255,11 @@ impl FaultyStorage {
         s.crash_after = Some(s.mutations + n);
     }
 
+    /// Forgets every hook that has not run yet.
+    pub fn clear_hooks(&self) {
+        self.hooks.lock().clear();
+    }
+
     /// Successful and failed fdatasync calls so far.
     pub fn syncs(&self) -> u64 {
         self.state.lock().syncs
