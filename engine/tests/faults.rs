@@ -247,3 +247,45 @@ fn a_frame_left_unsynced_in_the_old_segment_by_a_crash_during_rotation_is_synced
     );
     assert!(store.get(b"acct", b"after").unwrap().is_some());
 }
+
+/// Every crash point of a rotation with a frame appended during it, then a process crash, a reopen
+/// that serves what it sees, and a power loss: what the second process served is still there.
+#[test]
+fn every_crash_point_of_a_rotation_keeps_what_the_next_process_served() {
+    for crash_at in 0..8 {
+        let f = Fixture::new();
+        let none = f.options().segment_size(4096).durability(Durability::None);
+        let store = Store::open(&f.dir, none).unwrap();
+        let (hook_store, hook_fs) = (store.clone(), f.fs.clone());
+        f.fs.on_next(FaultOp::Create, ".seg", move || {
+            acquire(&hook_store, "acct", "raced", fp(1));
+            hook_fs.crash_after(crash_at);
+        });
+        for i in 0..1000 {
+            if store.stats().segments >= 2
+                || store
+                    .side_write(&[SideWrite::put("filler", format!("f{i}"), "x".repeat(100))])
+                    .is_err()
+            {
+                break;
+            }
+        }
+        let _ = store.sync();
+        f.fs.crash(CrashMode::ProcessOnly);
+        drop(store);
+
+        let sync = f.options().segment_size(4096);
+        let store = Store::open(&f.dir, sync.clone()).unwrap();
+        let served = store.get(b"acct", b"raced").unwrap().is_some();
+        let token = acquire(&store, "acct", "after", fp(1));
+        store.complete(&token, &created("after"), &[]).unwrap();
+        f.fs.crash(CrashMode::DropUnsynced);
+        drop(store);
+
+        let store = Store::open(&f.dir, sync)
+            .unwrap_or_else(|e| panic!("crash point {crash_at}: open after power loss: {e}"));
+        let kept = store.get(b"acct", b"raced").unwrap().is_some();
+        assert!(!served || kept, "crash point {crash_at}: served, then lost");
+        assert!(store.get(b"acct", b"after").unwrap().is_some());
+    }
+}
