@@ -61,6 +61,7 @@ pub(crate) struct Core {
     pub(crate) compaction: Mutex<()>,
     pub(crate) compactions: AtomicU64,
     pub(crate) compaction_failures: AtomicU64,
+    pub(crate) compaction_leftovers: AtomicU64,
     _lock: Box<dyn LockGuard>,
 }
 
@@ -87,6 +88,8 @@ pub struct Stats {
     pub compactions: u64,
     /// Automatic compactions that failed since open (each is retried at the next check).
     pub compaction_failures: u64,
+    /// Files of failed compactions that could not be removed since open (the next open deletes them).
+    pub compaction_leftovers: u64,
     /// Frames appended since open.
     pub frames_appended: u64,
     /// Bytes appended since open.
@@ -152,6 +155,7 @@ impl Store {
             compaction: Mutex::new(()),
             compactions: AtomicU64::new(0),
             compaction_failures: AtomicU64::new(0),
+            compaction_leftovers: AtomicU64::new(0),
             _lock: lock,
         });
         core.sweep();
@@ -162,6 +166,14 @@ impl Store {
             maintenance: Mutex::new(maintenance),
         });
         Ok(Store { core, threads })
+    }
+
+    /// True once an I/O failure (a failed write or fdatasync, a full disk, an ambiguous compaction
+    /// switch) has poisoned this store: every later call fails with [`Error::Poisoned`]. The only way
+    /// on is to [`Store::close`] (or drop every handle) and [`Store::open`] the directory again, which
+    /// replays what is on disk; that works in the same process.
+    pub fn is_poisoned(&self) -> bool {
+        self.core.writer.check_poisoned().is_err()
     }
 
     /// What opening found: segments and frames replayed, and any torn tail cut off.
@@ -497,6 +509,7 @@ impl Store {
         stats.garbage_bytes = space.garbage();
         stats.compactions = core.compactions.load(Ordering::Relaxed);
         stats.compaction_failures = core.compaction_failures.load(Ordering::Relaxed);
+        stats.compaction_leftovers = core.compaction_leftovers.load(Ordering::Relaxed);
         let counters = &core.writer.counters;
         stats.frames_appended = counters.frames.load(Ordering::Relaxed);
         stats.bytes_appended = counters.bytes.load(Ordering::Relaxed);
