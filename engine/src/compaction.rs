@@ -145,6 +145,9 @@ impl Core {
 
     pub(crate) fn compact(&self) -> Result<CompactionReport> {
         let _one_at_a_time = self.compaction.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
         self.writer.check_poisoned()?;
         let started = Instant::now();
         let active = self.writer.active_segment();

@@ -62,7 +62,8 @@ pub(crate) struct Core {
     pub(crate) compactions: AtomicU64,
     pub(crate) compaction_failures: AtomicU64,
     pub(crate) compaction_leftovers: AtomicU64,
-    _lock: Box<dyn LockGuard>,
+    /// The directory lock; `close` releases it even while other handles (and so this `Core`) live.
+    lock: Mutex<Option<Box<dyn LockGuard>>>,
 }
 
 /// Counts for monitoring and operator tools.
@@ -156,7 +157,7 @@ impl Store {
             compactions: AtomicU64::new(0),
             compaction_failures: AtomicU64::new(0),
             compaction_leftovers: AtomicU64::new(0),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         });
         core.sweep();
         let maintenance = Maintenance::start(&core);
@@ -518,15 +519,31 @@ impl Store {
         stats
     }
 
-    /// Flushes and syncs everything, stops the background threads, and makes every handle of this
-    /// store fail with [`Error::Closed`]. The directory lock is released when the last handle drops.
+    /// Flushes and syncs everything, stops the background threads, makes every handle of this store
+    /// fail with [`Error::Closed`], and releases the directory lock, so the directory can be opened
+    /// again at once, in this process too, even while other handles of this store still exist.
+    ///
+    /// On a poisoned store the flush is skipped and the poisoning error returned, but everything is
+    /// released all the same: closing and reopening is how a server recovers from a full disk.
+    /// Closing twice is a no-op.
     pub fn close(&self) -> Result<()> {
-        if self.core.closed.swap(true, Ordering::AcqRel) {
+        let core = &*self.core;
+        if core.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         self.threads.stop();
-        self.core.writer.check_poisoned()?;
-        self.core.writer.sync_all()
+        let synced = core
+            .writer
+            .check_poisoned()
+            .and_then(|()| core.writer.sync_all());
+        // No write after this point: a caller that got past `check_usable` before `closed` was set
+        // finds the writer shut and gets `Closed`, its frame unacknowledged.
+        core.writer.shut();
+        // A compaction started by a caller finishes (or fails) before the lock goes; later ones see
+        // `closed` and refuse.
+        drop(core.compaction.lock());
+        drop(core.lock.lock().take());
+        synced
     }
 
     /// The bytes of the operation at `loc`, once the log is visible up to it.

@@ -289,3 +289,56 @@ fn every_crash_point_of_a_rotation_keeps_what_the_next_process_served() {
         assert!(store.get(b"acct", b"after").unwrap().is_some());
     }
 }
+
+#[test]
+fn a_store_poisoned_by_a_full_disk_is_closed_and_reopened_in_the_same_process() {
+    for op in [FaultOp::Write, FaultOp::Sync] {
+        let f = Fixture::new();
+        let options = f
+            .options()
+            .compaction(Some(idemlog::CompactionPolicy::default()));
+        let store = Store::open(&f.dir, options.clone()).unwrap();
+        let token = acquire(&store, "acct", "acked", fp(1));
+        let side = [SideWrite::put("payments", "pay_1", "100")];
+        store.complete(&token, &created("acked"), &side).unwrap();
+        // A request still in flight holds a handle of its own.
+        let in_flight = store.clone();
+
+        f.fs.fail_op(op, ".seg", 1, std::io::ErrorKind::StorageFull);
+        let err = store.claim(b"acct", b"unacked", &fp(1), TTL).unwrap_err();
+        assert!(err.store_unusable() && err.is_poisoned(), "{op:?}: {err}");
+        assert!(store.is_poisoned());
+        assert!(store.close().unwrap_err().is_poisoned(), "{op:?}");
+
+        let store = Store::open(&f.dir, options).expect("the lock was released by close");
+        assert!(matches!(
+            store.claim(b"acct", b"acked", &fp(1), TTL).unwrap(),
+            ClaimOutcome::Completed(_)
+        ));
+        assert_eq!(
+            store.side_get(b"payments", b"pay_1").unwrap().as_deref(),
+            Some(&b"100"[..])
+        );
+        acquire(&store, "acct", "new", fp(1));
+        let err = in_flight.claim(b"acct", b"x", &fp(1), TTL).unwrap_err();
+        assert!(
+            err.store_unusable(),
+            "{op:?}: the old handle stays dead: {err}"
+        );
+    }
+}
+
+#[test]
+fn dropping_every_handle_of_a_poisoned_store_releases_the_directory() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_op(FaultOp::Write, ".seg", 1, std::io::ErrorKind::StorageFull);
+    assert!(
+        store
+            .claim(b"acct", b"k", &fp(1), TTL)
+            .unwrap_err()
+            .is_poisoned()
+    );
+    drop(store);
+    acquire(&f.open(), "acct", "k2", fp(1));
+}
