@@ -77,8 +77,16 @@ pub enum Step {
         /// Key index.
         key: u8,
     },
-    /// Move the clock forward.
+    /// Let time pass: move the wall and the monotonic clock forward.
     Advance {
+        /// Milliseconds.
+        ms: u32,
+    },
+    /// Step only the wall clock (NTP), forward or back; a step back stops short of reviving a record
+    /// that has already expired.
+    StepWall {
+        /// Step back instead of forward.
+        back: bool,
         /// Milliseconds.
         ms: u32,
     },
@@ -120,7 +128,7 @@ impl Step {
         let mut it = bytes.iter().copied();
         while let Some(tag) = it.next() {
             let mut next = || it.next().unwrap_or(0);
-            let step = match tag % 19 {
+            let step = match tag % 20 {
                 0..=4 => Step::Claim {
                     scope: next(),
                     key: next(),
@@ -148,6 +156,10 @@ impl Step {
                 },
                 16 => Step::Compact,
                 17 => Step::Sweep,
+                19 => Step::StepWall {
+                    back: next() % 2 == 0,
+                    ms: u32::from(next()) * 500,
+                },
                 18 => Step::RotationRace {
                     scope: next(),
                     key: next(),
@@ -171,7 +183,11 @@ impl Step {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum MState {
     InProgress {
+        /// The wall-clock lease end written to the log (what `get` shows).
         lease_until: u64,
+        /// The lease's deadline on the monotonic clock, which decides takeovers; `None` once the
+        /// store was reopened (the claim then belongs to a dead process and is taken over at once).
+        deadline: Option<u64>,
         /// Index of the token that holds it; `None` when its holder died in a crash.
         holder: Option<usize>,
     },
@@ -206,6 +222,15 @@ impl Model {
         )
     }
 
+    /// A reopen: every in-progress claim was recovered from the log and its lease is over.
+    fn end_leases(&mut self) {
+        for r in self.records.values_mut() {
+            if let MState::InProgress { deadline, .. } = &mut r.state {
+                *deadline = None;
+            }
+        }
+    }
+
     fn forget_holders(&mut self) {
         for r in self.records.values_mut() {
             if let MState::InProgress { holder, .. } = &mut r.state {
@@ -235,6 +260,8 @@ pub struct Simulation {
     poisoned: bool,
     in_doubt: Option<InDoubt>,
     segment_size: u32,
+    /// The expiry of every record any claim may have written, to bound wall-clock steps back.
+    expiries: Vec<u64>,
 }
 
 impl Default for Simulation {
@@ -257,6 +284,7 @@ impl Simulation {
             poisoned: false,
             in_doubt: None,
             segment_size,
+            expiries: Vec::new(),
         };
         sim.store = Some(sim.open_store().expect("a fresh store opens"));
         sim
@@ -292,6 +320,12 @@ impl Simulation {
         self.clock.now_ms()
     }
 
+    /// The monotonic reading the store judges leases by (it never uses less than 1).
+    fn monotonic(&self) -> u64 {
+        use crate::clock::Clock;
+        self.clock.monotonic_ms().max(1)
+    }
+
     /// Runs one step; `Err` describes the first divergence from the model.
     pub fn run(&mut self, step: &Step) -> Result<(), String> {
         match *step {
@@ -322,6 +356,26 @@ impl Simulation {
             )),
             Step::Advance { ms } => {
                 self.clock.advance(Duration::from_millis(u64::from(ms)));
+                Ok(())
+            }
+            Step::StepWall { back: false, ms } => {
+                self.clock
+                    .step_wall_forward(Duration::from_millis(u64::from(ms)));
+                Ok(())
+            }
+            Step::StepWall { back: true, ms } => {
+                // Records past their TTL may or may not have been swept or compacted away, and a
+                // reopen replays whatever the log still holds; the model does not track which, so
+                // the wall clock never goes back past an expiry it has already passed.
+                let now = self.now();
+                let floor = self
+                    .expiries
+                    .iter()
+                    .copied()
+                    .filter(|&e| e <= now)
+                    .max()
+                    .unwrap_or(0);
+                self.clock.set(now.saturating_sub(u64::from(ms)).max(floor));
                 Ok(())
             }
             Step::Reopen => self.reopen(None),
@@ -547,6 +601,8 @@ impl Simulation {
     ) -> Result<(), String> {
         let id = (scope, key);
         let now = self.now();
+        let mono = self.monotonic();
+        self.expiries.push(now + ttl_s * 1000);
         let acquire = |takeover: Option<Takeover>| (takeover, ttl_s);
         let expected = match self.model.live(id, now) {
             Some(r) if r.fp != fp => Expect::Mismatch,
@@ -555,9 +611,13 @@ impl Simulation {
                 ..
             }) => Expect::Completed(resp.clone()),
             Some(MRecord {
-                state: MState::InProgress { lease_until, .. },
+                state:
+                    MState::InProgress {
+                        deadline: Some(deadline),
+                        ..
+                    },
                 ..
-            }) if *lease_until > now => Expect::InProgress(*lease_until - now),
+            }) if *deadline > mono => Expect::InProgress(*deadline - mono),
             Some(_) => Expect::Acquire(acquire(Some(Takeover::LeaseExpired))),
             None if self.model.records.contains_key(&id) => {
                 Expect::Acquire(acquire(Some(Takeover::Expired)))
@@ -574,6 +634,7 @@ impl Simulation {
                 expires: now + ttl_s * 1000,
                 state: MState::InProgress {
                     lease_until: now + LEASE.as_millis() as u64,
+                    deadline: Some(mono + LEASE.as_millis() as u64),
                     holder: Some(token_index),
                 },
             },
@@ -712,11 +773,17 @@ impl Simulation {
         let held = self.model.held(id, index, now);
         let mut applied = self.model.clone();
         if let Some(MRecord {
-            state: MState::InProgress { lease_until, .. },
+            state:
+                MState::InProgress {
+                    lease_until,
+                    deadline,
+                    ..
+                },
             ..
         }) = applied.records.get_mut(&id)
         {
             *lease_until = now + LEASE.as_millis() as u64;
+            *deadline = Some(self.monotonic() + LEASE.as_millis() as u64);
         }
         match self.store().extend(&token) {
             Ok(_) if self.poisoned => Err("extend succeeded on a poisoned store".into()),
@@ -809,7 +876,9 @@ impl Simulation {
         };
         self.store = Some(store);
         self.poisoned = false;
-        if let Some(doubt) = self.in_doubt.take() {
+        self.model.end_leases();
+        if let Some(mut doubt) = self.in_doubt.take() {
+            doubt.applied.end_leases();
             // Keep whichever of the two possible worlds the store shows; both are legitimate.
             let without = std::mem::replace(&mut self.model, doubt.applied.clone());
             if self.check_key(doubt.key).is_err() || self.check_all().is_err() {

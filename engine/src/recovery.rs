@@ -100,7 +100,16 @@ impl Replay<'_> {
     fn apply_record(&self, id: &index::RecordKey, op: &Op<'_>, loc: Loc) {
         let id = id.as_bytes();
         let hash = self.records.hash(id);
-        index::apply_record(&mut self.records.shard(hash).lock(), hash, id, op, loc);
+        // Whoever held a claim found in the log was a process that is gone: its lease is over, so
+        // the first retry takes the claim over instead of waiting out a lease nobody renews.
+        index::apply_record(
+            &mut self.records.shard(hash).lock(),
+            hash,
+            id,
+            op,
+            loc,
+            index::LEASE_RECOVERED,
+        );
     }
 }
 

@@ -200,6 +200,16 @@ impl Store {
         self.core.options.clock.now_ms()
     }
 
+    /// The monotonic reading leases are judged by, at least 1 (see [`index::LEASE_RECOVERED`]).
+    fn monotonic(&self) -> u64 {
+        self.core.options.clock.monotonic_ms().max(1)
+    }
+
+    /// The in-memory lease deadline of a claim made or extended now.
+    fn lease_deadline(&self) -> u64 {
+        self.monotonic().saturating_add(self.core.lease_ms)
+    }
+
     fn check_usable(&self) -> Result<()> {
         if self.core.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -211,7 +221,10 @@ impl Store {
     ///
     /// Of any number of concurrent claims of one key, exactly one is [`ClaimOutcome::Acquired`]. A
     /// record past its TTL is replaced in the same step; an in-progress claim whose lease ran out is
-    /// taken over with a larger fencing token ([`Takeover::LeaseExpired`]). A different fingerprint
+    /// taken over with a larger fencing token ([`Takeover::LeaseExpired`]). Leases run on the clock's
+    /// monotonic reading, so wall-clock steps do not move them; an in-progress claim recovered when
+    /// the store was opened belongs to a process that is gone, so the first claim of it takes it over
+    /// at once. A different fingerprint
     /// on a live record is [`ClaimOutcome::Mismatch`], whatever its state.
     pub fn claim(
         &self,
@@ -251,9 +264,13 @@ impl Store {
                     }
                     match (entry.lease_until, stored.response) {
                         (None, Some(response)) => return Ok(ClaimOutcome::Completed(response)),
-                        (Some(lease), _) if lease.get() > now => {
+                        // Judged on the monotonic clock: a wall-clock step must neither expire a
+                        // running handler's claim nor stretch a dead one's.
+                        (Some(lease), _) if lease.get() > self.monotonic() => {
                             return Ok(ClaimOutcome::InProgress {
-                                retry_after: Duration::from_millis(lease.get() - now),
+                                retry_after: Duration::from_millis(
+                                    lease.get() - self.monotonic().min(lease.get()),
+                                ),
                             });
                         }
                         (Some(_), _) => {
@@ -284,7 +301,8 @@ impl Store {
             };
             let mut loc = [Loc::default()];
             let appended = core.writer.append(&[op], &mut loc)?;
-            index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0]);
+            let deadline = self.lease_deadline();
+            index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0], deadline);
             drop(map);
             core.writer.commit(appended)?;
             return Ok(ClaimOutcome::Acquired(ClaimToken {
@@ -329,7 +347,7 @@ impl Store {
             .map(|(_, hash)| core.side.shard(*hash).lock());
         let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
-        index::apply_record(&mut map, hash, &token.id, &ops[0], locs[0]);
+        index::apply_record(&mut map, hash, &token.id, &ops[0], locs[0], 0);
         if let Some(side_map) = side_map.as_mut() {
             for ((op, loc), (id, hash)) in ops[1..].iter().zip(&locs[1..]).zip(&side_keys) {
                 index::apply_side(side_map, *hash, id.as_bytes(), op, *loc);
@@ -356,7 +374,7 @@ impl Store {
         };
         let mut loc = [Loc::default()];
         let appended = core.writer.append(&[op], &mut loc)?;
-        index::apply_record(&mut map, hash, &token.id, &op, loc[0]);
+        index::apply_record(&mut map, hash, &token.id, &op, loc[0], 0);
         drop(map);
         core.writer.commit(appended)
     }
@@ -375,7 +393,8 @@ impl Store {
         };
         let mut loc = [Loc::default()];
         let appended = core.writer.append(&[op], &mut loc)?;
-        index::apply_record(&mut map, hash, &token.id, &op, loc[0]);
+        let deadline = self.lease_deadline();
+        index::apply_record(&mut map, hash, &token.id, &op, loc[0], deadline);
         drop(map);
         core.writer.commit(appended)?;
         Ok(core.options.lease)
@@ -401,8 +420,8 @@ impl Store {
         drop(map);
         let stored = self.read_record(&file, entry.loc)?;
         let state = match (entry.lease_until, stored.response) {
-            (Some(lease), _) => RecordState::InProgress {
-                lease_until_ms: lease.get(),
+            (Some(_), _) => RecordState::InProgress {
+                lease_until_ms: stored.lease_until,
             },
             (None, Some(response)) => RecordState::Completed(response),
             (None, None) => return Err(bad_location(&file, entry.loc)),
@@ -557,9 +576,10 @@ impl Store {
         let bytes = self.read_op(file, loc)?;
         let bad = || bad_location(file, loc);
         match op::decode_at(&bytes).map_err(|_| bad())? {
-            Op::InProgress { head, .. } => Ok(StoredRecord {
+            Op::InProgress { head, lease_until } => Ok(StoredRecord {
                 fingerprint: head.fingerprint,
                 created_at: head.created_at,
+                lease_until,
                 response: None,
             }),
             Op::Completed {
@@ -568,6 +588,7 @@ impl Store {
             } => Ok(StoredRecord {
                 fingerprint: head.fingerprint,
                 created_at: head.created_at,
+                lease_until: 0,
                 response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
             }),
             _ => Err(bad()),
@@ -579,6 +600,9 @@ impl Store {
 struct StoredRecord {
     fingerprint: [u8; 32],
     created_at: u64,
+    /// The persisted wall-clock lease end of an in-progress record (0 otherwise); shown, never
+    /// used for decisions.
+    lease_until: u64,
     response: Option<StoredResponse>,
 }
 

@@ -23,6 +23,7 @@ fn steps_weighted(compact_weight: u32) -> impl Strategy<Value = Step> {
         1 => any::<u8>().prop_map(|token| Step::Extend { token }),
         2 => (any::<u8>(), any::<u8>()).prop_map(|(scope, key)| Step::Get { scope, key }),
         2 => (0u32..20_000).prop_map(|ms| Step::Advance { ms }),
+        1 => (any::<bool>(), 0u32..100_000).prop_map(|(back, ms)| Step::StepWall { back, ms }),
         1 => Just(Step::Reopen),
         1 => any::<u64>().prop_map(|mode| Step::Crash { mode: mode % 8 }),
         1 => Just(Step::FailSync),

@@ -29,8 +29,8 @@ fn reopen_replays_completed_and_in_progress_keys() {
         ClaimOutcome::Completed(created("{}"))
     );
     assert!(matches!(
-        store.claim(b"acct", b"running", &fp(2), TTL).unwrap(),
-        ClaimOutcome::InProgress { .. }
+        store.get(b"acct", b"running").unwrap().unwrap().state,
+        idemlog::RecordState::InProgress { .. }
     ));
     assert_eq!(store.side_get(b"payments", b"p1").unwrap().unwrap(), "v1");
     let after = acquire(&store, "acct", "new", fp(3));
