@@ -72,7 +72,7 @@ pub(crate) struct Replay<'a> {
 }
 
 impl Replay<'_> {
-    fn apply(&mut self, op: &Op<'_>, loc: Loc) {
+    pub(crate) fn apply(&mut self, op: &Op<'_>, loc: Loc) {
         match op {
             Op::InProgress { head, .. } | Op::Completed { head, .. } => {
                 self.next_fence = self.next_fence.max(head.fence.saturating_add(1));

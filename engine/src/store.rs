@@ -418,21 +418,8 @@ impl Store {
         };
         let file = core.segments.get(entry.loc.segment);
         drop(map);
-        let stored = self.read_record(&file, entry.loc)?;
-        let state = match (entry.lease_until, stored.response) {
-            (Some(_), _) => RecordState::InProgress {
-                lease_until_ms: stored.lease_until,
-            },
-            (None, Some(response)) => RecordState::Completed(response),
-            (None, None) => return Err(bad_location(&file, entry.loc)),
-        };
-        Ok(Some(Record {
-            fingerprint: Fingerprint(stored.fingerprint),
-            created_at_ms: stored.created_at,
-            expires_at_ms: entry.expires_at,
-            fence: entry.fence,
-            state,
-        }))
+        core.writer.wait_visible(entry.loc.end())?;
+        record_at(&file, &entry).map(Some)
     }
 
     /// The live side record `(namespace, key)`, if any.
@@ -571,28 +558,53 @@ impl Store {
         file.read(loc)
     }
 
-    /// The record snapshot at `loc`: its full fingerprint, creation time and, if completed, response.
+    /// The record snapshot at `loc`, once the log is visible up to it.
     fn read_record(&self, file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
-        let bytes = self.read_op(file, loc)?;
-        let bad = || bad_location(file, loc);
-        match op::decode_at(&bytes).map_err(|_| bad())? {
-            Op::InProgress { head, lease_until } => Ok(StoredRecord {
-                fingerprint: head.fingerprint,
-                created_at: head.created_at,
-                lease_until,
-                response: None,
-            }),
-            Op::Completed {
-                head,
-                response: Response::Encoded(raw),
-            } => Ok(StoredRecord {
-                fingerprint: head.fingerprint,
-                created_at: head.created_at,
-                lease_until: 0,
-                response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
-            }),
-            _ => Err(bad()),
-        }
+        self.core.writer.wait_visible(loc.end())?;
+        stored_record(file, loc)
+    }
+}
+
+/// The public view of the record `entry` describes, read from `file` (which holds `entry.loc`).
+pub(crate) fn record_at(file: &SegmentFile, entry: &Entry) -> Result<Record> {
+    let stored = stored_record(file, entry.loc)?;
+    let state = match (entry.lease_until, stored.response) {
+        (Some(_), _) => RecordState::InProgress {
+            lease_until_ms: stored.lease_until,
+        },
+        (None, Some(response)) => RecordState::Completed(response),
+        (None, None) => return Err(bad_location(file, entry.loc)),
+    };
+    Ok(Record {
+        fingerprint: Fingerprint(stored.fingerprint),
+        created_at_ms: stored.created_at,
+        expires_at_ms: entry.expires_at,
+        fence: entry.fence,
+        state,
+    })
+}
+
+/// The record snapshot at `loc`: its full fingerprint, creation time and, if completed, response.
+fn stored_record(file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
+    let bytes = file.read(loc)?;
+    let bad = || bad_location(file, loc);
+    match op::decode_at(&bytes).map_err(|_| bad())? {
+        Op::InProgress { head, lease_until } => Ok(StoredRecord {
+            fingerprint: head.fingerprint,
+            created_at: head.created_at,
+            lease_until,
+            response: None,
+        }),
+        Op::Completed {
+            head,
+            response: Response::Encoded(raw),
+        } => Ok(StoredRecord {
+            fingerprint: head.fingerprint,
+            created_at: head.created_at,
+            lease_until: 0,
+            response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
+        }),
+        _ => Err(bad()),
     }
 }
 
