@@ -197,6 +197,9 @@ enum MState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct MRecord {
     fp: u8,
+    /// The fencing token of the claim that wrote it, when known (not for a claim whose outcome is in
+    /// doubt: its token was never handed out).
+    fence: Option<u64>,
     created: u64,
     expires: u64,
     state: MState,
@@ -630,6 +633,7 @@ impl Simulation {
             id,
             MRecord {
                 fp,
+                fence: None,
                 created: now,
                 expires: now + ttl_s * 1000,
                 state: MState::InProgress {
@@ -689,8 +693,12 @@ impl Simulation {
                     ));
                 }
                 self.last_fence = token.fence();
+                let fence = token.fence();
                 self.tokens.push((id, token));
                 self.model = applied;
+                if let Some(r) = self.model.records.get_mut(&id) {
+                    r.fence = Some(fence);
+                }
                 Ok(())
             }
             (expected, got) => Err(format!("claim {id:?}: store {got:?}, model {expected:?}")),
@@ -834,6 +842,7 @@ impl Simulation {
                 if state_ok
                     && g.fingerprint == fingerprint(w.fp)
                     && g.created_at_ms == w.created
+                    && w.fence.is_none_or(|f| f == g.fence)
                     && g.expires_at_ms == w.expires
                 {
                     Ok(())
@@ -879,10 +888,12 @@ impl Simulation {
         self.model.end_leases();
         if let Some(mut doubt) = self.in_doubt.take() {
             doubt.applied.end_leases();
-            // Keep whichever of the two possible worlds the store shows; both are legitimate.
-            let without = std::mem::replace(&mut self.model, doubt.applied.clone());
+            // Keep whichever of the two possible worlds the store shows; both are legitimate. The
+            // world without the operation is tried first: it knows the fence of the record there,
+            // while the other cannot know the fence of a claim whose token was never handed out,
+            // so only the first can tell the two apart when they look alike otherwise.
             if self.check_key(doubt.key).is_err() || self.check_all().is_err() {
-                self.model = without;
+                self.model = doubt.applied;
             }
             if crash.is_some() {
                 self.tokens.clear();
