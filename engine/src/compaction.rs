@@ -16,9 +16,12 @@
 //! 4. **Delete** the inputs. Readers that took a handle before the switch keep reading it.
 //!
 //! A crash before the switch leaves the outputs as garbage; a crash after it leaves the inputs as
-//! garbage; recovery deletes either (see `manifest.rs`). A failure before the switch abandons the
-//! outputs and leaves the store running; a failure while writing the manifest poisons the store,
-//! since it is then unknown which manifest a restart will see.
+//! garbage; recovery deletes either (see `manifest.rs`). A failure before the switch (creating,
+//! writing or syncing an output, the directory, or the temporary manifest) switched nothing: the
+//! outputs and the temporary manifest are removed (best effort; leftovers are counted in the stats and
+//! deleted by the next open) and the store keeps serving. Only a failure of the manifest rename or of
+//! the directory sync after it poisons the store, since it is then unknown which manifest a restart
+//! will see.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,7 +32,7 @@ use crate::index::{Entry, SideEntry};
 use crate::log::frame::{self, TAG_OPS};
 use crate::log::segment::{self, Kind, Loc};
 use crate::log::segments::SegmentFile;
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, Switched};
 use crate::options::CompactionPolicy;
 use crate::store::{Core, Store};
 
@@ -142,6 +145,9 @@ impl Core {
 
     pub(crate) fn compact(&self) -> Result<CompactionReport> {
         let _one_at_a_time = self.compaction.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
         self.writer.check_poisoned()?;
         let started = Instant::now();
         let active = self.writer.active_segment();
@@ -178,8 +184,19 @@ impl Core {
             fence_floor,
             base: outputs.files.iter().map(|s| s.id).collect(),
         };
-        if let Err(e) = manifest.store(&*self.options.storage, &self.dir) {
-            return Err(self.writer.poison_with(e));
+        if let Err(failed) = manifest.store(&*self.options.storage, &self.dir) {
+            return Err(match failed.switched {
+                // The old manifest is in force and still names the inputs, which are untouched: drop
+                // the outputs and the temporary manifest, and keep serving.
+                Switched::No => {
+                    self.abandon(&outputs.files);
+                    self.remove_leftover(&Manifest::tmp_path(&self.dir));
+                    failed.error
+                }
+                // Which manifest a restart reads is unknown, so which files are garbage is too:
+                // nothing more may be written or deleted until a reopen decides.
+                Switched::Unknown => self.writer.poison_with(failed.error),
+            });
         }
         for file in &outputs.files {
             self.segments.insert(file.clone());
@@ -279,7 +296,19 @@ impl Core {
     /// deletes whatever is left).
     fn abandon(&self, files: &[SegmentFile]) {
         for file in files {
-            let _ = self.options.storage.remove(&file.path);
+            self.remove_leftover(&file.path);
+        }
+    }
+
+    /// Removes a file of a failed compaction, best effort: a file that cannot be removed is counted
+    /// in [`crate::Stats::compaction_leftovers`] and deleted by the next open, which treats every
+    /// file the manifest does not name as garbage.
+    fn remove_leftover(&self, path: &std::path::Path) {
+        match self.options.storage.remove(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                self.compaction_leftovers.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
     }
 

@@ -109,9 +109,17 @@ impl Error {
         }
     }
 
-    /// True when the store refuses work because an earlier I/O failure poisoned it.
+    /// True when the store refuses work because an earlier I/O failure poisoned it. The call that hit
+    /// the failure already returns this (with the I/O error as its source), not only later calls.
     pub fn is_poisoned(&self) -> bool {
         matches!(self, Error::Poisoned(_))
+    }
+
+    /// True when the store handle that returned this error will never work again: it is poisoned
+    /// (close it and [`crate::Store::open`] the directory again) or closed. False for errors about
+    /// one call (a lost lease, an oversized input, a read error), after which the store still works.
+    pub fn store_unusable(&self) -> bool {
+        matches!(self, Error::Poisoned(_) | Error::Closed)
     }
 }
 

@@ -36,7 +36,10 @@ pub(crate) struct Entry {
     pub(crate) fp_prefix: u32,
     pub(crate) fence: u64,
     pub(crate) expires_at: u64,
-    /// `Some` while in progress; `None` once completed.
+    /// `Some` while in progress, `None` once completed. The value is the lease's deadline on the
+    /// store's *monotonic* clock ([`crate::Clock::monotonic_ms`], never the persisted wall-clock
+    /// `lease_until`), or [`LEASE_RECOVERED`] for a claim replayed at open, whose holder died with the
+    /// previous process.
     pub(crate) lease_until: Option<NonZeroU64>,
     /// The operation holding the current snapshot of this record.
     pub(crate) loc: Loc,
@@ -47,6 +50,10 @@ impl Entry {
         self.expires_at > now
     }
 }
+
+/// The lease deadline of a claim recovered from the log: already over for every monotonic reading
+/// the store uses (those are at least 1, see `Store::monotonic`), while live deadlines are at least 2.
+pub(crate) const LEASE_RECOVERED: u64 = 1;
 
 /// State of one side record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -396,14 +403,23 @@ pub(crate) fn split_record_key(id: &[u8]) -> (&[u8], &[u8]) {
 
 /// Applies a record operation found at `loc` to the shard holding its key (`id`, hashed to `hash`).
 /// Side and fence operations are ignored here.
-pub(crate) fn apply_record(map: &mut Table<Entry>, hash: u64, id: &[u8], op: &Op<'_>, loc: Loc) {
+///
+/// `lease_deadline` is the monotonic deadline an in-progress operation's lease gets in memory (the
+/// persisted wall-clock `lease_until` is not used for decisions): the store passes its monotonic
+/// reading plus the lease, recovery passes [`LEASE_RECOVERED`]. Other operations ignore it.
+pub(crate) fn apply_record(
+    map: &mut Table<Entry>,
+    hash: u64,
+    id: &[u8],
+    op: &Op<'_>,
+    loc: Loc,
+    lease_deadline: u64,
+) {
     match op {
         Op::InProgress { head, .. } | Op::Completed { head, .. } => {
             let lease_until = match op {
-                // A zero lease is never written (leases end at least 1 ms after a non-negative
-                // clock); reading one back as "expired long ago" is the safe interpretation.
-                Op::InProgress { lease_until, .. } => {
-                    Some(NonZeroU64::new(*lease_until).unwrap_or(NonZeroU64::MIN))
+                Op::InProgress { .. } => {
+                    Some(NonZeroU64::new(lease_deadline).unwrap_or(NonZeroU64::MIN))
                 }
                 _ => None,
             };

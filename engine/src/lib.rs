@@ -59,6 +59,7 @@ mod manifest;
 #[doc(hidden)]
 pub mod model;
 mod options;
+mod read_only;
 mod record;
 mod recovery;
 mod response;
@@ -74,6 +75,7 @@ pub use dir_lock::LOCK_FILE;
 pub use error::{Corruption, Error, Result};
 pub use limits::{MAX_KEY, MAX_SCOPE, MAX_VALUE};
 pub use options::{CompactionPolicy, Durability, Options};
+pub use read_only::ReadOnlyStore;
 pub use record::{Record, RecordState};
 pub use recovery::{RecoveryReport, TornTail};
 pub use response::StoredResponse;

@@ -17,14 +17,16 @@
 //!
 //! The manifest is only ever replaced whole through [`crate::storage::write_atomic`] (temporary file,
 //! fdatasync, rename, directory fsync), so a crash leaves either the old or the new one. Replacing it is
-//! the single commit point of a compaction.
+//! the single commit point of a compaction. A failure before the rename switched nothing (the caller
+//! may carry on); a failure of the rename or of the directory sync after it leaves unknown which
+//! manifest a restart will read ([`Switched`]).
 
 use std::io;
 use std::path::Path;
 
 use crate::codec::{Decoder, Encoder};
 use crate::error::{Corruption, Error, Result};
-use crate::storage::{Storage, write_atomic};
+use crate::storage::{AtomicWriteError, Storage, atomic_tmp_path, replace_atomic};
 
 /// File name inside the data directory.
 pub(crate) const FILE: &str = "MANIFEST";
@@ -111,11 +113,48 @@ impl Manifest {
         Self::decode(&bytes).map_err(|reason| Error::corrupt(&path, 0, reason))
     }
 
-    /// Replaces the manifest of `dir` atomically and durably.
-    pub(crate) fn store(&self, storage: &dyn Storage, dir: &Path) -> Result<()> {
-        write_atomic(storage, dir, FILE, &self.encode())
-            .map_err(|e| Error::io("write manifest", dir.join(FILE), e))
+    /// Replaces the manifest of `dir` atomically and durably. A failure says whether the old manifest
+    /// is certainly still the one in force.
+    pub(crate) fn store(
+        &self,
+        storage: &dyn Storage,
+        dir: &Path,
+    ) -> Result<(), ManifestWriteError> {
+        replace_atomic(storage, dir, FILE, &self.encode()).map_err(|e| {
+            let path = dir.join(FILE);
+            match e {
+                AtomicWriteError::BeforeRename(e) => ManifestWriteError {
+                    error: Error::io("write manifest", atomic_tmp_path(dir, FILE), e),
+                    switched: Switched::No,
+                },
+                AtomicWriteError::Ambiguous(e) => ManifestWriteError {
+                    error: Error::io("replace manifest", path, e),
+                    switched: Switched::Unknown,
+                },
+            }
+        })
     }
+
+    /// The temporary file a failed [`Manifest::store`] may leave behind.
+    pub(crate) fn tmp_path(dir: &Path) -> std::path::PathBuf {
+        atomic_tmp_path(dir, FILE)
+    }
+}
+
+/// Whether a failed manifest replacement switched anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Switched {
+    /// It failed before the rename: the old manifest is in force, on disk and after any crash.
+    No,
+    /// The rename or the directory sync after it failed: either manifest may be in force.
+    Unknown,
+}
+
+/// A failed [`Manifest::store`].
+#[derive(Debug)]
+pub(crate) struct ManifestWriteError {
+    pub(crate) error: Error,
+    pub(crate) switched: Switched,
 }
 
 #[cfg(test)]

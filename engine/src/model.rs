@@ -2,8 +2,8 @@
 //!
 //! Not part of the stable API: it exists so that the engine's proptest and the fuzz target drive the
 //! same model. A [`Simulation`] runs [`Step`]s — claims, completions, releases, extensions, clock
-//! moves, clean reopens, crashes (process, power loss, torn tail), injected I/O failures, sweeps and
-//! compactions — against
+//! moves, clean reopens, crashes (process, power loss, torn tail), injected I/O failures, sweeps,
+//! compactions, and a claim racing a segment rotation that crashes half-way — against
 //! a [`Store`] on [`FaultyStorage`] and against a plain in-memory model, and reports the first
 //! observation where they differ. After every crash it checks that every acknowledged operation is
 //! still there. Durability is `Sync`, so every acknowledged operation must survive every crash mode.
@@ -25,7 +25,7 @@ use crate::options::{Durability, Options};
 use crate::record::RecordState;
 use crate::response::StoredResponse;
 use crate::side::SideWrite;
-use crate::storage::{CrashMode, FaultyStorage};
+use crate::storage::{CrashMode, FaultOp, FaultyStorage};
 use crate::store::Store;
 
 const SCOPES: [&str; 2] = ["acct_a", "acct_b"];
@@ -77,8 +77,16 @@ pub enum Step {
         /// Key index.
         key: u8,
     },
-    /// Move the clock forward.
+    /// Let time pass: move the wall and the monotonic clock forward.
     Advance {
+        /// Milliseconds.
+        ms: u32,
+    },
+    /// Step only the wall clock (NTP), forward or back; a step back stops short of reviving a record
+    /// that has already expired.
+    StepWall {
+        /// Step back instead of forward.
+        back: bool,
         /// Milliseconds.
         ms: u32,
     },
@@ -97,6 +105,20 @@ pub enum Step {
     Compact,
     /// Sweep expired records out of memory.
     Sweep,
+    /// Fill the active segment until it rotates; while the rotation has created the next segment and
+    /// not yet synced the old one, claim (scope, key) from another thread (its frame goes to the old
+    /// segment), then fail every I/O call from the old segment's last fdatasync on, as a crash there
+    /// would. The claim is in doubt; a process crash then keeps its frame in the page cache only.
+    RotationRace {
+        /// Scope index.
+        scope: u8,
+        /// Key index.
+        key: u8,
+        /// Fingerprint number.
+        fp: u8,
+        /// TTL index.
+        ttl: u8,
+    },
 }
 
 impl Step {
@@ -106,7 +128,7 @@ impl Step {
         let mut it = bytes.iter().copied();
         while let Some(tag) = it.next() {
             let mut next = || it.next().unwrap_or(0);
-            let step = match tag % 18 {
+            let step = match tag % 20 {
                 0..=4 => Step::Claim {
                     scope: next(),
                     key: next(),
@@ -134,6 +156,16 @@ impl Step {
                 },
                 16 => Step::Compact,
                 17 => Step::Sweep,
+                19 => Step::StepWall {
+                    back: next() % 2 == 0,
+                    ms: u32::from(next()) * 500,
+                },
+                18 => Step::RotationRace {
+                    scope: next(),
+                    key: next(),
+                    fp: next() % 4,
+                    ttl: next(),
+                },
                 _ => {
                     if next() % 2 == 0 {
                         Step::FailSync
@@ -151,7 +183,11 @@ impl Step {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum MState {
     InProgress {
+        /// The wall-clock lease end written to the log (what `get` shows).
         lease_until: u64,
+        /// The lease's deadline on the monotonic clock, which decides takeovers; `None` once the
+        /// store was reopened (the claim then belongs to a dead process and is taken over at once).
+        deadline: Option<u64>,
         /// Index of the token that holds it; `None` when its holder died in a crash.
         holder: Option<usize>,
     },
@@ -161,6 +197,9 @@ enum MState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct MRecord {
     fp: u8,
+    /// The fencing token of the claim that wrote it, when known (not for a claim whose outcome is in
+    /// doubt: its token was never handed out).
+    fence: Option<u64>,
     created: u64,
     expires: u64,
     state: MState,
@@ -184,6 +223,15 @@ impl Model {
             self.live(id, now),
             Some(MRecord { state: MState::InProgress { holder: Some(h), .. }, .. }) if *h == token
         )
+    }
+
+    /// A reopen: every in-progress claim was recovered from the log and its lease is over.
+    fn end_leases(&mut self) {
+        for r in self.records.values_mut() {
+            if let MState::InProgress { deadline, .. } = &mut r.state {
+                *deadline = None;
+            }
+        }
     }
 
     fn forget_holders(&mut self) {
@@ -215,6 +263,8 @@ pub struct Simulation {
     poisoned: bool,
     in_doubt: Option<InDoubt>,
     segment_size: u32,
+    /// The expiry of every record any claim may have written, to bound wall-clock steps back.
+    expiries: Vec<u64>,
 }
 
 impl Default for Simulation {
@@ -237,6 +287,7 @@ impl Simulation {
             poisoned: false,
             in_doubt: None,
             segment_size,
+            expiries: Vec::new(),
         };
         sim.store = Some(sim.open_store().expect("a fresh store opens"));
         sim
@@ -272,6 +323,12 @@ impl Simulation {
         self.clock.now_ms()
     }
 
+    /// The monotonic reading the store judges leases by (it never uses less than 1).
+    fn monotonic(&self) -> u64 {
+        use crate::clock::Clock;
+        self.clock.monotonic_ms().max(1)
+    }
+
     /// Runs one step; `Err` describes the first divergence from the model.
     pub fn run(&mut self, step: &Step) -> Result<(), String> {
         match *step {
@@ -304,6 +361,26 @@ impl Simulation {
                 self.clock.advance(Duration::from_millis(u64::from(ms)));
                 Ok(())
             }
+            Step::StepWall { back: false, ms } => {
+                self.clock
+                    .step_wall_forward(Duration::from_millis(u64::from(ms)));
+                Ok(())
+            }
+            Step::StepWall { back: true, ms } => {
+                // Records past their TTL may or may not have been swept or compacted away, and a
+                // reopen replays whatever the log still holds; the model does not track which, so
+                // the wall clock never goes back past an expiry it has already passed.
+                let now = self.now();
+                let floor = self
+                    .expiries
+                    .iter()
+                    .copied()
+                    .filter(|&e| e <= now)
+                    .max()
+                    .unwrap_or(0);
+                self.clock.set(now.saturating_sub(u64::from(ms)).max(floor));
+                Ok(())
+            }
             Step::Reopen => self.reopen(None),
             Step::Crash { mode } => self.reopen(Some(match mode {
                 0 => CrashMode::ProcessOnly,
@@ -323,6 +400,17 @@ impl Simulation {
                 self.store().sweep();
                 Ok(())
             }
+            Step::RotationRace {
+                scope,
+                key,
+                fp,
+                ttl,
+            } => self.rotation_race(
+                usize::from(scope) % SCOPES.len(),
+                usize::from(key) % KEYS.len(),
+                fp % 4,
+                TTLS_S[usize::from(ttl) % TTLS_S.len()],
+            ),
         }
     }
 
@@ -415,14 +503,109 @@ impl Simulation {
     }
 
     fn claim(&mut self, scope: usize, key: usize, fp: u8, ttl_s: u64) -> Result<(), String> {
-        let id = (scope, key);
-        let now = self.now();
         let result = self.store().claim(
             SCOPES[scope].as_bytes(),
             KEYS[key].as_bytes(),
             &fingerprint(fp),
             Duration::from_secs(ttl_s),
         );
+        self.claimed(scope, key, fp, ttl_s, result)
+    }
+
+    /// See [`Step::RotationRace`].
+    fn rotation_race(
+        &mut self,
+        scope: usize,
+        key: usize,
+        fp: u8,
+        ttl_s: u64,
+    ) -> Result<(), String> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        type Claimed = std::thread::JoinHandle<crate::Result<ClaimOutcome>>;
+        if self.poisoned {
+            return Ok(());
+        }
+        let store = self.store().clone();
+        let racer: Arc<parking_lot::Mutex<Option<Claimed>>> = Arc::default();
+        let fired = Arc::new(AtomicBool::new(false));
+        let (hook_store, hook_fs) = (store.clone(), self.fs.clone());
+        let (hook_racer, hook_fired) = (Arc::clone(&racer), Arc::clone(&fired));
+        self.fs.on_next(FaultOp::Create, ".seg", move || {
+            hook_fired.store(true, Ordering::SeqCst);
+            // The rotation is in its first phase, writer unlocked: the racing claim appends to the
+            // old segment and then waits for the flush the rotation's second phase makes.
+            let frames = &hook_store.core().writer.counters.frames;
+            let before = frames.load(Ordering::SeqCst);
+            let claimer = hook_store.clone();
+            let handle = std::thread::spawn(move || {
+                claimer.claim(
+                    SCOPES[scope].as_bytes(),
+                    KEYS[key].as_bytes(),
+                    &fingerprint(fp),
+                    Duration::from_secs(ttl_s),
+                )
+            });
+            // Not a timing assumption: the loop ends when the claim has appended or has returned
+            // without appending (a replay, a mismatch); the deadline only guards against a hang.
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let appended = loop {
+                if frames.load(Ordering::SeqCst) > before {
+                    break true;
+                }
+                if handle.is_finished() || std::time::Instant::now() > deadline {
+                    break false;
+                }
+                std::thread::yield_now();
+            };
+            if appended {
+                // Creation, header write, header fdatasync, directory fsync and the second phase's
+                // write of the racing frame succeed; the old segment's final fdatasync does not.
+                hook_fs.crash_after(5);
+            }
+            *hook_racer.lock() = Some(handle);
+        });
+        let filler = vec![0u8; (self.segment_size / 8) as usize];
+        let mut filled = Ok(());
+        for i in 0..64 {
+            if fired.load(Ordering::SeqCst) {
+                break;
+            }
+            filled = store.side_write(&[SideWrite::put("filler", format!("f{i}"), filler.clone())]);
+            if filled.is_err() {
+                break;
+            }
+        }
+        self.fs.clear_hooks();
+        let claimed = racer.lock().take();
+        if let Some(handle) = claimed {
+            let result = handle
+                .join()
+                .map_err(|_| "racing claim panicked".to_owned())?;
+            self.claimed(scope, key, fp, ttl_s, result)?;
+        }
+        match filled {
+            Err(e) if e.is_poisoned() => {
+                self.poisoned = true;
+                Ok(())
+            }
+            Err(e) => Err(format!("filler side write: {e}")),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Checks the outcome of a claim of (scope, key) made now against the model, and applies it.
+    fn claimed(
+        &mut self,
+        scope: usize,
+        key: usize,
+        fp: u8,
+        ttl_s: u64,
+        result: crate::Result<ClaimOutcome>,
+    ) -> Result<(), String> {
+        let id = (scope, key);
+        let now = self.now();
+        let mono = self.monotonic();
+        self.expiries.push(now + ttl_s * 1000);
         let acquire = |takeover: Option<Takeover>| (takeover, ttl_s);
         let expected = match self.model.live(id, now) {
             Some(r) if r.fp != fp => Expect::Mismatch,
@@ -431,9 +614,13 @@ impl Simulation {
                 ..
             }) => Expect::Completed(resp.clone()),
             Some(MRecord {
-                state: MState::InProgress { lease_until, .. },
+                state:
+                    MState::InProgress {
+                        deadline: Some(deadline),
+                        ..
+                    },
                 ..
-            }) if *lease_until > now => Expect::InProgress(*lease_until - now),
+            }) if *deadline > mono => Expect::InProgress(*deadline - mono),
             Some(_) => Expect::Acquire(acquire(Some(Takeover::LeaseExpired))),
             None if self.model.records.contains_key(&id) => {
                 Expect::Acquire(acquire(Some(Takeover::Expired)))
@@ -446,10 +633,12 @@ impl Simulation {
             id,
             MRecord {
                 fp,
+                fence: None,
                 created: now,
                 expires: now + ttl_s * 1000,
                 state: MState::InProgress {
                     lease_until: now + LEASE.as_millis() as u64,
+                    deadline: Some(mono + LEASE.as_millis() as u64),
                     holder: Some(token_index),
                 },
             },
@@ -504,8 +693,12 @@ impl Simulation {
                     ));
                 }
                 self.last_fence = token.fence();
+                let fence = token.fence();
                 self.tokens.push((id, token));
                 self.model = applied;
+                if let Some(r) = self.model.records.get_mut(&id) {
+                    r.fence = Some(fence);
+                }
                 Ok(())
             }
             (expected, got) => Err(format!("claim {id:?}: store {got:?}, model {expected:?}")),
@@ -588,11 +781,17 @@ impl Simulation {
         let held = self.model.held(id, index, now);
         let mut applied = self.model.clone();
         if let Some(MRecord {
-            state: MState::InProgress { lease_until, .. },
+            state:
+                MState::InProgress {
+                    lease_until,
+                    deadline,
+                    ..
+                },
             ..
         }) = applied.records.get_mut(&id)
         {
             *lease_until = now + LEASE.as_millis() as u64;
+            *deadline = Some(self.monotonic() + LEASE.as_millis() as u64);
         }
         match self.store().extend(&token) {
             Ok(_) if self.poisoned => Err("extend succeeded on a poisoned store".into()),
@@ -643,6 +842,7 @@ impl Simulation {
                 if state_ok
                     && g.fingerprint == fingerprint(w.fp)
                     && g.created_at_ms == w.created
+                    && w.fence.is_none_or(|f| f == g.fence)
                     && g.expires_at_ms == w.expires
                 {
                     Ok(())
@@ -685,11 +885,15 @@ impl Simulation {
         };
         self.store = Some(store);
         self.poisoned = false;
-        if let Some(doubt) = self.in_doubt.take() {
-            // Keep whichever of the two possible worlds the store shows; both are legitimate.
-            let without = std::mem::replace(&mut self.model, doubt.applied.clone());
+        self.model.end_leases();
+        if let Some(mut doubt) = self.in_doubt.take() {
+            doubt.applied.end_leases();
+            // Keep whichever of the two possible worlds the store shows; both are legitimate. The
+            // world without the operation is tried first: it knows the fence of the record there,
+            // while the other cannot know the fence of a claim whose token was never handed out,
+            // so only the first can tell the two apart when they look alike otherwise.
             if self.check_key(doubt.key).is_err() || self.check_all().is_err() {
-                self.model = without;
+                self.model = doubt.applied;
             }
             if crash.is_some() {
                 self.tokens.clear();

@@ -72,7 +72,8 @@ pub struct Options {
     /// Background sweeping and compaction; `None` leaves both to explicit [`crate::Store::sweep`]
     /// and [`crate::Store::compact`] calls.
     pub compaction: Option<CompactionPolicy>,
-    /// Source of time for TTLs and leases.
+    /// Source of time: its wall clock for TTLs and the times written to the log, its monotonic clock
+    /// for lease decisions.
     pub clock: Arc<dyn Clock>,
     /// File system access.
     pub storage: Arc<dyn Storage>,

@@ -21,7 +21,9 @@ pub struct Record {
 /// The two states a live record can be in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordState {
-    /// A handler is running; its lease runs until `lease_until_ms`.
+    /// A handler is running (or its holder died); `lease_until_ms` is the wall-clock lease end written
+    /// to the log. Takeover decisions use the store's monotonic clock, not this value, and a claim
+    /// recovered at open can be taken over at once whatever it says.
     InProgress {
         /// Lease expiry in ms since the Unix epoch.
         lease_until_ms: u64,

@@ -9,8 +9,10 @@
 //!   before its successor receives a frame, so only the open tail can hold unsynced bytes.
 //! - Damage in the open tail is a torn tail, cut off, unless a later intact frame carries a sync mark
 //!   beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
-//! - The last segment and the directory are synced before the store serves anything: a crashed process may have
-//!   left frames in the page cache that were never synced, and they are about to become visible.
+//! - Every log segment of the open tail (and the one before it) and the directory are synced before
+//!   the store serves anything: a crashed process may have left frames in the page cache that were
+//!   never synced, and they are about to become visible. That is not only the newest segment: a crash
+//!   during a rotation leaves the next segment created while the old one still has unsynced frames.
 //! - A frame whose checksums hold but whose tag or operations this build does not understand is an
 //!   error, never skipped: it is data someone wrote.
 //!
@@ -70,7 +72,7 @@ pub(crate) struct Replay<'a> {
 }
 
 impl Replay<'_> {
-    fn apply(&mut self, op: &Op<'_>, loc: Loc) {
+    pub(crate) fn apply(&mut self, op: &Op<'_>, loc: Loc) {
         match op {
             Op::InProgress { head, .. } | Op::Completed { head, .. } => {
                 self.next_fence = self.next_fence.max(head.fence.saturating_add(1));
@@ -98,7 +100,16 @@ impl Replay<'_> {
     fn apply_record(&self, id: &index::RecordKey, op: &Op<'_>, loc: Loc) {
         let id = id.as_bytes();
         let hash = self.records.hash(id);
-        index::apply_record(&mut self.records.shard(hash).lock(), hash, id, op, loc);
+        // Whoever held a claim found in the log was a process that is gone: its lease is over, so
+        // the first retry takes the claim over instead of waiting out a lease nobody renews.
+        index::apply_record(
+            &mut self.records.shard(hash).lock(),
+            hash,
+            id,
+            op,
+            loc,
+            index::LEASE_RECOVERED,
+        );
     }
 }
 
@@ -175,6 +186,7 @@ pub(crate) fn recover(
     let mut report = RecoveryReport::default();
     let active_id = layout.tail.last().copied();
     let open_tail = open_tail_from(storage, &layout, segments)?;
+    let must_sync = sync_from(&layout, open_tail);
     let mut active_len = 0;
     for (id, kind) in layout.replay_order() {
         let path = segments.path(id, kind);
@@ -189,14 +201,19 @@ pub(crate) fn recover(
         };
         let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
         let len = replay_segment(&segment, in_open_tail, replay, &mut report)?;
-        let is_active = Some(id) == active_id && kind == Kind::Log;
-        if is_active {
+        if kind == Kind::Log && must_sync.is_some_and(|first| id >= first) {
             // What we just replayed may still be only in the page cache, left by a process that
-            // crashed before its fdatasync. Records served from now on must be durable, so sync it.
+            // crashed before its fdatasync, and not only in the newest segment: a crash during a
+            // rotation leaves the next segment created while the old one's last frames are unsynced.
+            // Records served from now on must be durable, and so must every segment before the one
+            // that is about to receive frames (FORMAT.md, rule 4), so sync them all now.
             segment
                 .file
                 .sync_data()
                 .map_err(|e| Error::io("fdatasync", &segment.path, e))?;
+        }
+        let is_active = Some(id) == active_id && kind == Kind::Log;
+        if is_active {
             active_len = len;
         } else {
             segment
@@ -248,6 +265,18 @@ pub(crate) fn open_tail_from(
         }
     }
     Ok(layout.tail.first().copied())
+}
+
+/// The first log segment recovery fdatasyncs: the open tail and the segment before it.
+///
+/// Only the open tail can hold frames that were never synced: every log segment before the last one
+/// holding frames was synced before that one received its first frame, and every open syncs the open
+/// tail before appending. The segment before the open tail is synced as well, at the cost of one
+/// fdatasync of a normally clean file, so that the argument does not rest on that one step alone.
+fn sync_from(layout: &Layout, open_tail: Option<u32>) -> Option<u32> {
+    let first = open_tail?;
+    let at = layout.tail.iter().position(|&id| id == first)?;
+    Some(layout.tail[at.saturating_sub(1)])
 }
 
 fn collect_garbage(storage: &dyn Storage, dir: &Path, garbage: &[PathBuf]) -> Result<()> {

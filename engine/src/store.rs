@@ -61,7 +61,9 @@ pub(crate) struct Core {
     pub(crate) compaction: Mutex<()>,
     pub(crate) compactions: AtomicU64,
     pub(crate) compaction_failures: AtomicU64,
-    _lock: Box<dyn LockGuard>,
+    pub(crate) compaction_leftovers: AtomicU64,
+    /// The directory lock; `close` releases it even while other handles (and so this `Core`) live.
+    lock: Mutex<Option<Box<dyn LockGuard>>>,
 }
 
 /// Counts for monitoring and operator tools.
@@ -87,6 +89,8 @@ pub struct Stats {
     pub compactions: u64,
     /// Automatic compactions that failed since open (each is retried at the next check).
     pub compaction_failures: u64,
+    /// Files of failed compactions that could not be removed since open (the next open deletes them).
+    pub compaction_leftovers: u64,
     /// Frames appended since open.
     pub frames_appended: u64,
     /// Bytes appended since open.
@@ -115,8 +119,7 @@ impl Store {
         options.validate()?;
         let dir = dir.as_ref().to_owned();
         let storage = Arc::clone(&options.storage);
-        storage
-            .create_dir_all(&dir)
+        crate::storage::create_dir_durable(&*storage, &dir)
             .map_err(|e| Error::io("create directory", &dir, e))?;
         let lock = dir_lock::lock(&*storage, &dir)?;
 
@@ -153,7 +156,8 @@ impl Store {
             compaction: Mutex::new(()),
             compactions: AtomicU64::new(0),
             compaction_failures: AtomicU64::new(0),
-            _lock: lock,
+            compaction_leftovers: AtomicU64::new(0),
+            lock: Mutex::new(Some(lock)),
         });
         core.sweep();
         let maintenance = Maintenance::start(&core);
@@ -163,6 +167,14 @@ impl Store {
             maintenance: Mutex::new(maintenance),
         });
         Ok(Store { core, threads })
+    }
+
+    /// True once an I/O failure (a failed write or fdatasync, a full disk, an ambiguous compaction
+    /// switch) has poisoned this store: every later call fails with [`Error::Poisoned`]. The only way
+    /// on is to [`Store::close`] (or drop every handle) and [`Store::open`] the directory again, which
+    /// replays what is on disk; that works in the same process.
+    pub fn is_poisoned(&self) -> bool {
+        self.core.writer.check_poisoned().is_err()
     }
 
     /// What opening found: segments and frames replayed, and any torn tail cut off.
@@ -188,6 +200,16 @@ impl Store {
         self.core.options.clock.now_ms()
     }
 
+    /// The monotonic reading leases are judged by, at least 1 (see [`index::LEASE_RECOVERED`]).
+    fn monotonic(&self) -> u64 {
+        self.core.options.clock.monotonic_ms().max(1)
+    }
+
+    /// The in-memory lease deadline of a claim made or extended now.
+    fn lease_deadline(&self) -> u64 {
+        self.monotonic().saturating_add(self.core.lease_ms)
+    }
+
     fn check_usable(&self) -> Result<()> {
         if self.core.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -199,7 +221,10 @@ impl Store {
     ///
     /// Of any number of concurrent claims of one key, exactly one is [`ClaimOutcome::Acquired`]. A
     /// record past its TTL is replaced in the same step; an in-progress claim whose lease ran out is
-    /// taken over with a larger fencing token ([`Takeover::LeaseExpired`]). A different fingerprint
+    /// taken over with a larger fencing token ([`Takeover::LeaseExpired`]). Leases run on the clock's
+    /// monotonic reading, so wall-clock steps do not move them; an in-progress claim recovered when
+    /// the store was opened belongs to a process that is gone, so the first claim of it takes it over
+    /// at once. A different fingerprint
     /// on a live record is [`ClaimOutcome::Mismatch`], whatever its state.
     pub fn claim(
         &self,
@@ -239,9 +264,13 @@ impl Store {
                     }
                     match (entry.lease_until, stored.response) {
                         (None, Some(response)) => return Ok(ClaimOutcome::Completed(response)),
-                        (Some(lease), _) if lease.get() > now => {
+                        // Judged on the monotonic clock: a wall-clock step must neither expire a
+                        // running handler's claim nor stretch a dead one's.
+                        (Some(lease), _) if lease.get() > self.monotonic() => {
                             return Ok(ClaimOutcome::InProgress {
-                                retry_after: Duration::from_millis(lease.get() - now),
+                                retry_after: Duration::from_millis(
+                                    lease.get() - self.monotonic().min(lease.get()),
+                                ),
                             });
                         }
                         (Some(_), _) => {
@@ -272,7 +301,8 @@ impl Store {
             };
             let mut loc = [Loc::default()];
             let appended = core.writer.append(&[op], &mut loc)?;
-            index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0]);
+            let deadline = self.lease_deadline();
+            index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0], deadline);
             drop(map);
             core.writer.commit(appended)?;
             return Ok(ClaimOutcome::Acquired(ClaimToken {
@@ -317,7 +347,7 @@ impl Store {
             .map(|(_, hash)| core.side.shard(*hash).lock());
         let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
-        index::apply_record(&mut map, hash, &token.id, &ops[0], locs[0]);
+        index::apply_record(&mut map, hash, &token.id, &ops[0], locs[0], 0);
         if let Some(side_map) = side_map.as_mut() {
             for ((op, loc), (id, hash)) in ops[1..].iter().zip(&locs[1..]).zip(&side_keys) {
                 index::apply_side(side_map, *hash, id.as_bytes(), op, *loc);
@@ -344,7 +374,7 @@ impl Store {
         };
         let mut loc = [Loc::default()];
         let appended = core.writer.append(&[op], &mut loc)?;
-        index::apply_record(&mut map, hash, &token.id, &op, loc[0]);
+        index::apply_record(&mut map, hash, &token.id, &op, loc[0], 0);
         drop(map);
         core.writer.commit(appended)
     }
@@ -363,7 +393,8 @@ impl Store {
         };
         let mut loc = [Loc::default()];
         let appended = core.writer.append(&[op], &mut loc)?;
-        index::apply_record(&mut map, hash, &token.id, &op, loc[0]);
+        let deadline = self.lease_deadline();
+        index::apply_record(&mut map, hash, &token.id, &op, loc[0], deadline);
         drop(map);
         core.writer.commit(appended)?;
         Ok(core.options.lease)
@@ -387,21 +418,8 @@ impl Store {
         };
         let file = core.segments.get(entry.loc.segment);
         drop(map);
-        let stored = self.read_record(&file, entry.loc)?;
-        let state = match (entry.lease_until, stored.response) {
-            (Some(lease), _) => RecordState::InProgress {
-                lease_until_ms: lease.get(),
-            },
-            (None, Some(response)) => RecordState::Completed(response),
-            (None, None) => return Err(bad_location(&file, entry.loc)),
-        };
-        Ok(Some(Record {
-            fingerprint: Fingerprint(stored.fingerprint),
-            created_at_ms: stored.created_at,
-            expires_at_ms: entry.expires_at,
-            fence: entry.fence,
-            state,
-        }))
+        core.writer.wait_visible(entry.loc.end())?;
+        record_at(&file, &entry).map(Some)
     }
 
     /// The live side record `(namespace, key)`, if any.
@@ -498,6 +516,7 @@ impl Store {
         stats.garbage_bytes = space.garbage();
         stats.compactions = core.compactions.load(Ordering::Relaxed);
         stats.compaction_failures = core.compaction_failures.load(Ordering::Relaxed);
+        stats.compaction_leftovers = core.compaction_leftovers.load(Ordering::Relaxed);
         let counters = &core.writer.counters;
         stats.frames_appended = counters.frames.load(Ordering::Relaxed);
         stats.bytes_appended = counters.bytes.load(Ordering::Relaxed);
@@ -506,15 +525,31 @@ impl Store {
         stats
     }
 
-    /// Flushes and syncs everything, stops the background threads, and makes every handle of this
-    /// store fail with [`Error::Closed`]. The directory lock is released when the last handle drops.
+    /// Flushes and syncs everything, stops the background threads, makes every handle of this store
+    /// fail with [`Error::Closed`], and releases the directory lock, so the directory can be opened
+    /// again at once, in this process too, even while other handles of this store still exist.
+    ///
+    /// On a poisoned store the flush is skipped and the poisoning error returned, but everything is
+    /// released all the same: closing and reopening is how a server recovers from a full disk.
+    /// Closing twice is a no-op.
     pub fn close(&self) -> Result<()> {
-        if self.core.closed.swap(true, Ordering::AcqRel) {
+        let core = &*self.core;
+        if core.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
         self.threads.stop();
-        self.core.writer.check_poisoned()?;
-        self.core.writer.sync_all()
+        let synced = core
+            .writer
+            .check_poisoned()
+            .and_then(|()| core.writer.sync_all());
+        // No write after this point: a caller that got past `check_usable` before `closed` was set
+        // finds the writer shut and gets `Closed`, its frame unacknowledged.
+        core.writer.shut();
+        // A compaction started by a caller finishes (or fails) before the lock goes; later ones see
+        // `closed` and refuse.
+        drop(core.compaction.lock());
+        drop(core.lock.lock().take());
+        synced
     }
 
     /// The bytes of the operation at `loc`, once the log is visible up to it.
@@ -523,26 +558,53 @@ impl Store {
         file.read(loc)
     }
 
-    /// The record snapshot at `loc`: its full fingerprint, creation time and, if completed, response.
+    /// The record snapshot at `loc`, once the log is visible up to it.
     fn read_record(&self, file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
-        let bytes = self.read_op(file, loc)?;
-        let bad = || bad_location(file, loc);
-        match op::decode_at(&bytes).map_err(|_| bad())? {
-            Op::InProgress { head, .. } => Ok(StoredRecord {
-                fingerprint: head.fingerprint,
-                created_at: head.created_at,
-                response: None,
-            }),
-            Op::Completed {
-                head,
-                response: Response::Encoded(raw),
-            } => Ok(StoredRecord {
-                fingerprint: head.fingerprint,
-                created_at: head.created_at,
-                response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
-            }),
-            _ => Err(bad()),
-        }
+        self.core.writer.wait_visible(loc.end())?;
+        stored_record(file, loc)
+    }
+}
+
+/// The public view of the record `entry` describes, read from `file` (which holds `entry.loc`).
+pub(crate) fn record_at(file: &SegmentFile, entry: &Entry) -> Result<Record> {
+    let stored = stored_record(file, entry.loc)?;
+    let state = match (entry.lease_until, stored.response) {
+        (Some(_), _) => RecordState::InProgress {
+            lease_until_ms: stored.lease_until,
+        },
+        (None, Some(response)) => RecordState::Completed(response),
+        (None, None) => return Err(bad_location(file, entry.loc)),
+    };
+    Ok(Record {
+        fingerprint: Fingerprint(stored.fingerprint),
+        created_at_ms: stored.created_at,
+        expires_at_ms: entry.expires_at,
+        fence: entry.fence,
+        state,
+    })
+}
+
+/// The record snapshot at `loc`: its full fingerprint, creation time and, if completed, response.
+fn stored_record(file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
+    let bytes = file.read(loc)?;
+    let bad = || bad_location(file, loc);
+    match op::decode_at(&bytes).map_err(|_| bad())? {
+        Op::InProgress { head, lease_until } => Ok(StoredRecord {
+            fingerprint: head.fingerprint,
+            created_at: head.created_at,
+            lease_until,
+            response: None,
+        }),
+        Op::Completed {
+            head,
+            response: Response::Encoded(raw),
+        } => Ok(StoredRecord {
+            fingerprint: head.fingerprint,
+            created_at: head.created_at,
+            lease_until: 0,
+            response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
+        }),
+        _ => Err(bad()),
     }
 }
 
@@ -550,6 +612,9 @@ impl Store {
 struct StoredRecord {
     fingerprint: [u8; 32],
     created_at: u64,
+    /// The persisted wall-clock lease end of an in-progress record (0 otherwise); shown, never
+    /// used for decisions.
+    lease_until: u64,
     response: Option<StoredResponse>,
 }
 

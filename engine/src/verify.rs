@@ -1,6 +1,7 @@
 //! Read-only verification of a data directory: walks every frame of every live segment and checks
 //! every checksum, without replaying into an index and without changing a byte (a torn tail is
-//! reported, not cut). It takes the directory lock, so it refuses a directory a store has open.
+//! reported, not cut). It takes the directory lock when `LOCK` exists (never creating it), so it
+//! refuses a directory a store has open.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,8 +34,13 @@ pub struct VerifyReport {
 /// and offset; a directory held open by a store is [`Error::Locked`].
 pub fn verify(dir: impl AsRef<Path>, storage: Arc<dyn Storage>) -> Result<VerifyReport> {
     let dir = dir.as_ref();
-    storage.list(dir).map_err(|e| Error::io("list", dir, e))?;
-    let _lock = dir_lock::lock(&*storage, dir)?;
+    let names = storage.list(dir).map_err(|e| Error::io("list", dir, e))?;
+    // Lock only a directory that has a LOCK file: creating one would change the directory.
+    let _lock = if names.iter().any(|n| n == dir_lock::LOCK_FILE) {
+        Some(dir_lock::lock(&*storage, dir)?)
+    } else {
+        None
+    };
     let layout = Layout::read(&*storage, dir)?;
     let mut report = VerifyReport {
         garbage: layout.garbage.clone(),

@@ -362,3 +362,78 @@ fn leftovers_of_an_unfinished_compaction_are_deleted_at_open() {
     assert!(f.fs.read_file(&f.dir.join("MANIFEST.tmp")).is_none());
     assert!(store.stats().records > 0);
 }
+
+/// Names of the files in the fixture's directory with a given extension.
+fn files_ending(f: &Fixture, suffix: &str) -> Vec<std::path::PathBuf> {
+    f.fs.describe()
+        .into_iter()
+        .map(|(p, ..)| p)
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect()
+}
+
+#[test]
+fn compaction_failing_before_its_manifest_rename_leaves_the_store_serving() {
+    use idemlog::storage::FaultOp;
+    let steps = [
+        (FaultOp::Create, ".cseg", 1),
+        (FaultOp::Write, ".cseg", 2),
+        (FaultOp::Sync, ".cseg", 1),
+        (FaultOp::SyncDir, "", 1),
+        (FaultOp::Create, "MANIFEST.tmp", 1),
+        (FaultOp::Write, "MANIFEST.tmp", 1),
+        (FaultOp::Sync, "MANIFEST.tmp", 1),
+    ];
+    for (op, suffix, nth) in steps {
+        let f = Fixture::new();
+        let store = populate(&f);
+        let before = dump(&store);
+        f.fs.fail_op(op, suffix, nth, std::io::ErrorKind::StorageFull);
+        let err = store.compact().unwrap_err();
+        assert!(!err.is_poisoned(), "{op:?} {suffix}: {err}");
+        assert!(!store.is_poisoned(), "{op:?} {suffix}");
+        assert!(
+            files_ending(&f, ".cseg").is_empty(),
+            "{op:?} {suffix}: outputs left"
+        );
+        assert!(
+            files_ending(&f, ".tmp").is_empty(),
+            "{op:?} {suffix}: temp left"
+        );
+        assert_eq!(dump(&store), before, "{op:?} {suffix}");
+
+        let token = acquire(&store, "acct", "after", fp(1));
+        store.complete(&token, &created("after"), &[]).unwrap();
+        store.compact().expect("the next compaction works");
+        let after = dump(&store);
+        drop(store);
+        let store = Store::open(&f.dir, f.options().segment_size(4096)).unwrap();
+        assert_eq!(dump(&store), after, "{op:?} {suffix}: after reopen");
+        assert!(store.get(b"acct", b"after").unwrap().is_some());
+    }
+}
+
+#[test]
+fn compaction_failing_at_its_manifest_rename_or_the_directory_sync_after_it_poisons_the_store() {
+    use idemlog::storage::FaultOp;
+    for (op, suffix, nth) in [
+        (FaultOp::Rename, "MANIFEST.tmp", 1),
+        (FaultOp::SyncDir, "", 2),
+    ] {
+        let f = Fixture::new();
+        let store = populate(&f);
+        let before = dump(&store);
+        f.fs.fail_op(op, suffix, nth, std::io::ErrorKind::Other);
+        assert!(store.compact().unwrap_err().is_poisoned(), "{op:?}");
+        assert!(store.is_poisoned());
+        assert!(
+            store
+                .claim(b"acct", b"x", &fp(1), TTL)
+                .unwrap_err()
+                .is_poisoned()
+        );
+        drop(store);
+        let store = Store::open(&f.dir, f.options().segment_size(4096)).unwrap();
+        assert_eq!(dump(&store), before, "{op:?}: after reopen");
+    }
+}

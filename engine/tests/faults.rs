@@ -5,8 +5,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, TTL, acquire, created, fp};
-use idemlog::storage::CrashMode;
-use idemlog::{ClaimOutcome, Durability, Error, Store};
+use idemlog::storage::{CrashMode, FaultOp};
+use idemlog::{ClaimOutcome, Durability, Error, SideWrite, Store};
 
 #[test]
 fn failed_fdatasync_poisons_the_store_until_reopen() {
@@ -199,4 +199,143 @@ fn frames_left_unsynced_by_a_dead_process_are_synced_at_open() {
     drop(store);
     f.fs.crash(CrashMode::DropUnsynced);
     assert!(f.open().get(b"acct", b"k").unwrap().is_some());
+}
+
+/// Process 1 (`Durability::None`) crashes during a rotation after creating the next segment and before
+/// its final fdatasync of the old one, with a frame appended during the rotation written to the old
+/// segment but not synced. Process 2 must make that frame durable before serving it: it is in the
+/// second-to-last segment, not the newest.
+#[test]
+fn a_frame_left_unsynced_in_the_old_segment_by_a_crash_during_rotation_is_synced_at_open() {
+    let f = Fixture::new();
+    let none = f.options().segment_size(4096).durability(Durability::None);
+    let store = Store::open(&f.dir, none.clone()).unwrap();
+    // When the rotation creates segment 2 (phase 1, writer unlocked), append one more frame: it goes
+    // to segment 1, written in phase 2. Then let the crash come right before phase 2's fdatasync.
+    let (hook_store, hook_fs) = (store.clone(), f.fs.clone());
+    f.fs.on_next(FaultOp::Create, ".seg", move || {
+        acquire(&hook_store, "acct", "raced", fp(1));
+        // create, header write, header fdatasync, directory fsync, phase 2 write; not its fdatasync.
+        hook_fs.crash_after(5);
+    });
+    let mut i = 0;
+    while store.stats().segments < 2 {
+        let _ = store.side_write(&[SideWrite::put("filler", format!("f{i}"), "x".repeat(100))]);
+        i += 1;
+        assert!(i < 1000, "no rotation");
+    }
+    assert!(store.sync().unwrap_err().is_poisoned());
+    f.fs.crash(CrashMode::ProcessOnly);
+    drop(store);
+
+    // Process 2 sees the frame (it is in the page cache) and serves it, then appends to segment 2.
+    let sync = f.options().segment_size(4096);
+    let store = Store::open(&f.dir, sync.clone()).unwrap();
+    assert!(store.get(b"acct", b"raced").unwrap().is_some());
+    let token = acquire(&store, "acct", "after", fp(1));
+    store.complete(&token, &created("after"), &[]).unwrap();
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+
+    let store = Store::open(&f.dir, sync).expect("opens after the power loss");
+    assert!(
+        store.get(b"acct", b"raced").unwrap().is_some(),
+        "served, then lost"
+    );
+    assert!(store.get(b"acct", b"after").unwrap().is_some());
+}
+
+/// Every crash point of a rotation with a frame appended during it, then a process crash, a reopen
+/// that serves what it sees, and a power loss: what the second process served is still there.
+#[test]
+fn every_crash_point_of_a_rotation_keeps_what_the_next_process_served() {
+    for crash_at in 0..8 {
+        let f = Fixture::new();
+        let none = f.options().segment_size(4096).durability(Durability::None);
+        let store = Store::open(&f.dir, none).unwrap();
+        let (hook_store, hook_fs) = (store.clone(), f.fs.clone());
+        f.fs.on_next(FaultOp::Create, ".seg", move || {
+            acquire(&hook_store, "acct", "raced", fp(1));
+            hook_fs.crash_after(crash_at);
+        });
+        for i in 0..1000 {
+            if store.stats().segments >= 2
+                || store
+                    .side_write(&[SideWrite::put("filler", format!("f{i}"), "x".repeat(100))])
+                    .is_err()
+            {
+                break;
+            }
+        }
+        let _ = store.sync();
+        f.fs.crash(CrashMode::ProcessOnly);
+        drop(store);
+
+        let sync = f.options().segment_size(4096);
+        let store = Store::open(&f.dir, sync.clone()).unwrap();
+        let served = store.get(b"acct", b"raced").unwrap().is_some();
+        let token = acquire(&store, "acct", "after", fp(1));
+        store.complete(&token, &created("after"), &[]).unwrap();
+        f.fs.crash(CrashMode::DropUnsynced);
+        drop(store);
+
+        let store = Store::open(&f.dir, sync)
+            .unwrap_or_else(|e| panic!("crash point {crash_at}: open after power loss: {e}"));
+        let kept = store.get(b"acct", b"raced").unwrap().is_some();
+        assert!(!served || kept, "crash point {crash_at}: served, then lost");
+        assert!(store.get(b"acct", b"after").unwrap().is_some());
+    }
+}
+
+#[test]
+fn a_store_poisoned_by_a_full_disk_is_closed_and_reopened_in_the_same_process() {
+    for op in [FaultOp::Write, FaultOp::Sync] {
+        let f = Fixture::new();
+        let options = f
+            .options()
+            .compaction(Some(idemlog::CompactionPolicy::default()));
+        let store = Store::open(&f.dir, options.clone()).unwrap();
+        let token = acquire(&store, "acct", "acked", fp(1));
+        let side = [SideWrite::put("payments", "pay_1", "100")];
+        store.complete(&token, &created("acked"), &side).unwrap();
+        // A request still in flight holds a handle of its own.
+        let in_flight = store.clone();
+
+        f.fs.fail_op(op, ".seg", 1, std::io::ErrorKind::StorageFull);
+        let err = store.claim(b"acct", b"unacked", &fp(1), TTL).unwrap_err();
+        assert!(err.store_unusable() && err.is_poisoned(), "{op:?}: {err}");
+        assert!(store.is_poisoned());
+        assert!(store.close().unwrap_err().is_poisoned(), "{op:?}");
+
+        let store = Store::open(&f.dir, options).expect("the lock was released by close");
+        assert!(matches!(
+            store.claim(b"acct", b"acked", &fp(1), TTL).unwrap(),
+            ClaimOutcome::Completed(_)
+        ));
+        assert_eq!(
+            store.side_get(b"payments", b"pay_1").unwrap().as_deref(),
+            Some(&b"100"[..])
+        );
+        acquire(&store, "acct", "new", fp(1));
+        let err = in_flight.claim(b"acct", b"x", &fp(1), TTL).unwrap_err();
+        assert!(
+            err.store_unusable(),
+            "{op:?}: the old handle stays dead: {err}"
+        );
+    }
+}
+
+#[test]
+fn dropping_every_handle_of_a_poisoned_store_releases_the_directory() {
+    let f = Fixture::new();
+    let store = f.open();
+    f.fs.fail_op(FaultOp::Write, ".seg", 1, std::io::ErrorKind::StorageFull);
+    assert!(
+        store
+            .claim(b"acct", b"k", &fp(1), TTL)
+            .unwrap_err()
+            .is_poisoned()
+    );
+    drop(store);
+    acquire(&f.open(), "acct", "k2", fp(1));
 }

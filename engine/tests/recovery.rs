@@ -29,8 +29,8 @@ fn reopen_replays_completed_and_in_progress_keys() {
         ClaimOutcome::Completed(created("{}"))
     );
     assert!(matches!(
-        store.claim(b"acct", b"running", &fp(2), TTL).unwrap(),
-        ClaimOutcome::InProgress { .. }
+        store.get(b"acct", b"running").unwrap().unwrap().state,
+        idemlog::RecordState::InProgress { .. }
     ));
     assert_eq!(store.side_get(b"payments", b"p1").unwrap().unwrap(), "v1");
     let after = acquire(&store, "acct", "new", fp(3));
@@ -357,5 +357,21 @@ fn damage_in_a_segment_followed_by_one_with_frames_is_still_corruption() {
     assert!(
         matches!(err, Error::Corrupt { ref path, .. } if *path == old),
         "{err}"
+    );
+}
+
+#[test]
+fn a_data_directory_created_by_open_survives_a_power_loss() {
+    let f = Fixture::new();
+    let dir = std::path::PathBuf::from("/srv/idem/data");
+    let store = Store::open(&dir, f.options()).unwrap();
+    let token = acquire(&store, "acct", "k", fp(1));
+    store.complete(&token, &created("x"), &[]).unwrap();
+    f.fs.crash(CrashMode::DropUnsynced);
+    drop(store);
+    let store = Store::open(&dir, f.options()).unwrap();
+    assert!(
+        store.get(b"acct", b"k").unwrap().is_some(),
+        "the directory entries of /srv, /srv/idem and /srv/idem/data were never made durable"
     );
 }

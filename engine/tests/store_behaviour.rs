@@ -295,3 +295,48 @@ fn closed_store_refuses_work() {
         Err(Error::Closed)
     ));
 }
+
+#[test]
+fn a_wall_clock_step_past_the_lease_leaves_a_live_claim_in_progress() {
+    let f = Fixture::new();
+    let store = f.open();
+    let running = acquire(&store, "acct", "k1", fp(1));
+    // NTP steps the wall clock forward by ten leases; no time passes for the running handler.
+    f.clock.step_wall_forward(LEASE * 10);
+    assert_eq!(
+        store.claim(b"acct", b"k1", &fp(1), TTL).unwrap(),
+        ClaimOutcome::InProgress { retry_after: LEASE }
+    );
+    store.complete(&running, &created("done"), &[]).unwrap();
+}
+
+#[test]
+fn a_wall_clock_step_back_does_not_stretch_a_lease() {
+    let f = Fixture::new();
+    let store = f.open();
+    let dead = acquire(&store, "acct", "k1", fp(1));
+    f.clock.step_wall_back(Duration::from_secs(3600));
+    f.clock.advance_monotonic(LEASE + Duration::from_millis(1));
+    let retry = acquire(&store, "acct", "k1", fp(1));
+    assert_eq!(retry.takeover(), Some(Takeover::LeaseExpired));
+    assert!(retry.fence() > dead.fence());
+}
+
+#[test]
+fn an_in_progress_claim_recovered_at_open_is_taken_over_by_the_first_retry() {
+    let f = Fixture::new();
+    let store = f.open();
+    let dead = acquire(&store, "acct", "k1", fp(1));
+    drop(store);
+    // No time passes: the lease written to the log still runs on the wall clock, but its holder
+    // was the previous process.
+    let store = f.open();
+    let retry = acquire(&store, "acct", "k1", fp(1));
+    assert_eq!(retry.takeover(), Some(Takeover::LeaseExpired));
+    assert!(retry.fence() > dead.fence());
+    assert!(matches!(
+        store.complete(&dead, &created("dead"), &[]),
+        Err(Error::LeaseLost { .. })
+    ));
+    store.complete(&retry, &created("retry"), &[]).unwrap();
+}

@@ -7,15 +7,19 @@
 //! idemlogctl inspect DIR SCOPE KEY    show one record
 //! ```
 //!
-//! Every command takes the directory lock, so on a directory a running server holds it refuses with
-//! a message instead of touching it. Exit codes: 0 success, 1 corruption found, 2 usage or other error.
+//! `stats`, `inspect` and `verify` are read-only: they replay the log without changing a byte (no torn
+//! tail cut, no leftover deleted, no segment created, no LOCK file created), so they are safe on a
+//! copy, on evidence, or on a directory waiting for its server to restart. `compact` opens the store
+//! normally. Every command takes the directory lock when the directory has one, so on a directory a
+//! running server holds it refuses with a message instead of touching it.
+//! Exit codes: 0 success, 1 corruption found, 2 usage or other error.
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use idemlog::storage::FsStorage;
-use idemlog::{Error, Options, RecordState, Store};
+use idemlog::{Error, Options, ReadOnlyStore, RecordState, Store};
 
 const USAGE: &str = "usage:
   idemlogctl stats   DIR
@@ -69,8 +73,19 @@ fn open(dir: &Path) -> Result<Store, Error> {
     Store::open(dir, Options::default().compaction(None))
 }
 
+/// A read-only view of an existing store.
+fn open_read_only(dir: &Path) -> Result<ReadOnlyStore, Error> {
+    if !dir.is_dir() {
+        return Err(Error::InvalidOptions(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    ReadOnlyStore::open(dir, &Options::default())
+}
+
 fn stats(dir: &Path) -> Result<(), Error> {
-    let store = open(dir)?;
+    let store = open_read_only(dir)?;
     let s = store.stats();
     println!("live keys:        {}", s.records);
     println!("in progress:      {}", s.in_progress);
@@ -80,15 +95,20 @@ fn stats(dir: &Path) -> Result<(), Error> {
     println!("live bytes:       {}", s.live_bytes);
     println!("garbage bytes:    {}", s.garbage_bytes);
     println!("garbage ratio:    {:.3}", s.garbage_ratio());
-    if let Some(torn) = &store.recovery_report().torn_tail {
+    if let Some((path, offset)) = store.torn_tail() {
         println!(
-            "torn tail cut:    {} at offset {} ({} bytes)",
-            torn.path.display(),
-            torn.offset,
-            torn.discarded
+            "torn tail:        {} at offset {} (left in place; the next open cuts it)",
+            path.display(),
+            offset
         );
     }
-    store.close()
+    for path in store.garbage() {
+        println!(
+            "leftover:         {} (left in place; the next open deletes it)",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 fn verify(dir: &Path) -> Result<(), Error> {
@@ -132,10 +152,10 @@ fn compact(dir: &Path) -> Result<(), Error> {
 }
 
 fn inspect(dir: &Path, scope: &str, key: &str) -> Result<(), Error> {
-    let store = open(dir)?;
+    let store = open_read_only(dir)?;
     let Some(record) = store.get(scope.as_bytes(), key.as_bytes())? else {
         println!("no live record for scope {scope:?} key {key:?}");
-        return store.close();
+        return Ok(());
     };
     let hex: String = record
         .fingerprint
@@ -162,5 +182,5 @@ fn inspect(dir: &Path, scope: &str, key: &str) -> Result<(), Error> {
             println!("body:         {}", String::from_utf8_lossy(&response.body));
         }
     }
-    store.close()
+    Ok(())
 }

@@ -98,6 +98,8 @@ struct State {
     /// A rotation is under way: appends keep going to the old segment until it switches.
     rotating: bool,
     poison: Option<Arc<Error>>,
+    /// [`LogWriter::shut`] was called: nothing may be written any more.
+    shut: bool,
 }
 
 /// Appends frames to the active segment and makes them durable (see the module docs).
@@ -155,6 +157,7 @@ impl LogWriter {
                 idle_waiters: 0,
                 rotating: false,
                 poison: None,
+                shut: false,
             }),
             flushed: [Condvar::new(), Condvar::new()],
             appended: Condvar::new(),
@@ -181,7 +184,24 @@ impl LogWriter {
     fn check(&self, st: &State) -> Result<()> {
         match &st.poison {
             Some(cause) => Err(Error::Poisoned(Arc::clone(cause))),
+            None if st.shut => Err(Error::Closed),
             None => Ok(()),
+        }
+    }
+
+    /// Stops all writing for good: waits for a leader writing outside the mutex to finish, then makes
+    /// every later append and flush fail with [`Error::Closed`]. After this returns, this writer never
+    /// touches a file again, so the directory may be handed to another store (in this process too).
+    pub(crate) fn shut(&self) {
+        let mut st = self.state.lock();
+        st.idle_waiters += 1;
+        while st.flushing || st.gathering {
+            self.idle.wait(&mut st);
+        }
+        st.idle_waiters -= 1;
+        st.shut = true;
+        for waiting in &self.flushed {
+            waiting.notify_all();
         }
     }
 

@@ -1,13 +1,21 @@
 //! An in-memory file system that remembers what is durable, for crash and fault tests.
 //!
 //! Each file keeps its current bytes, its durable bytes (as of its last successful fdatasync) and the
-//! list of writes since. Each directory entry is durable only once its directory was synced. A
-//! simulated crash ([`FaultyStorage::crash`]) rebuilds the file system from that durable state, with
-//! the unsynced writes dropped, kept, or torn, and invalidates every handle of the crashed "process" so
-//! that nothing it does afterwards (such as flushing in a destructor) can reach the new state.
+//! list of writes since. Each directory entry (of a file or of a subdirectory) is durable only once its
+//! parent directory was synced. A simulated crash ([`FaultyStorage::crash`]) invalidates every handle
+//! of the crashed "process", so that nothing it does afterwards (such as flushing in a destructor) can
+//! reach the new state, and then:
 //!
-//! Faults are counted, not timed: fail the n-th fdatasync, the n-th write, or every mutation after the
-//! n-th (a crash point), so tests are deterministic.
+//! - a process crash ([`CrashMode::ProcessOnly`]) keeps the page cache: every write and directory
+//!   change stays visible, *but nothing becomes durable*: what was unsynced stays unsynced, so a later
+//!   power loss can still drop it unless something fdatasyncs it (or syncs its directory) in between;
+//! - a power loss rebuilds the file system from the durable state, with the unsynced writes dropped or
+//!   torn, and directories (with everything in them) whose entry was never synced gone.
+//!
+//! Faults are counted, not timed: fail the n-th fdatasync, the n-th write, the n-th call of any kind
+//! on a chosen file ([`FaultyStorage::fail_op`]), or every mutation after the n-th (a crash point), so
+//! tests are deterministic. [`FaultyStorage::on_next`] runs a test's code just before a chosen call,
+//! which makes races (an append during a rotation) reproducible.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -22,7 +30,8 @@ use super::{LockGuard, Storage, StorageFile};
 /// How a simulated crash treats data written but not yet fdatasync'ed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashMode {
-    /// The process died but the machine did not: every write and directory change survives.
+    /// The process died but the machine did not: every write and directory change stays visible, and
+    /// stays exactly as (un)durable as it was, so a later power loss can still drop it.
     ProcessOnly,
     /// Power loss: only synced data and synced directory entries survive.
     DropUnsynced,
@@ -34,10 +43,46 @@ pub enum CrashMode {
     },
 }
 
+/// A kind of storage call, for [`FaultyStorage::fail_op`] and [`FaultyStorage::on_next`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultOp {
+    /// `create_new` of a file.
+    Create,
+    /// `write_at`.
+    Write,
+    /// `sync_data` (fdatasync) of a file.
+    Sync,
+    /// `sync_dir` of a directory.
+    SyncDir,
+    /// `rename`; matched against the source path.
+    Rename,
+    /// `remove`.
+    Remove,
+    /// `set_len`.
+    SetLen,
+}
+
 /// The in-memory, fault-injecting [`Storage`]. Clones share one file system.
 #[derive(Clone, Default)]
 pub struct FaultyStorage {
     state: Arc<Mutex<FsState>>,
+    hooks: Arc<Mutex<Vec<Hook>>>,
+}
+
+/// Code to run just before the next matching call.
+struct Hook {
+    op: FaultOp,
+    suffix: String,
+    run: Box<dyn FnOnce() + Send>,
+}
+
+/// A one-shot injected failure of the `left`-th matching call.
+#[derive(Clone)]
+struct Fault {
+    op: FaultOp,
+    suffix: String,
+    left: u64,
+    kind: io::ErrorKind,
 }
 
 #[derive(Default, Clone)]
@@ -48,7 +93,10 @@ struct FsState {
     names: BTreeMap<PathBuf, u64>,
     durable_names: BTreeMap<PathBuf, u64>,
     dirs: BTreeSet<PathBuf>,
+    /// Directories whose own entry (in their parent) is durable; roots always are.
+    durable_dirs: BTreeSet<PathBuf>,
     locks: BTreeSet<PathBuf>,
+    faults: Vec<Fault>,
     mutations: u64,
     syncs: u64,
     writes: u64,
@@ -112,6 +160,36 @@ impl FsState {
         Ok(())
     }
 
+    /// Fails the call if an injected fault for `op` on `path` is due.
+    fn fault(&mut self, op: FaultOp, path: &Path) -> io::Result<()> {
+        let name = path.to_string_lossy();
+        let Some(i) = self
+            .faults
+            .iter()
+            .position(|f| f.op == op && name.ends_with(f.suffix.as_str()))
+        else {
+            return Ok(());
+        };
+        self.faults[i].left -= 1;
+        if self.faults[i].left > 0 {
+            return Ok(());
+        }
+        let fault = self.faults.remove(i);
+        Err(io::Error::new(
+            fault.kind,
+            format!("injected fault: {op:?} of {name}"),
+        ))
+    }
+
+    /// A current name of inode `id` (for matching faults against file handles).
+    fn name_of(&self, id: u64) -> PathBuf {
+        self.names
+            .iter()
+            .find(|(_, i)| **i == id)
+            .map(|(p, _)| p.clone())
+            .unwrap_or_default()
+    }
+
     fn check_generation(&self, generation: u64) -> io::Result<()> {
         if generation != self.generation {
             return Err(injected("handle from before a simulated crash"));
@@ -133,7 +211,29 @@ impl FaultyStorage {
         state.locks.clear();
         FaultyStorage {
             state: Arc::new(Mutex::new(state)),
+            hooks: Arc::default(),
         }
+    }
+
+    /// Fails, once, the `nth` call (1 = the next one) of kind `op` on a path ending with `suffix`
+    /// (`""` matches every path), with an error of kind `kind`. Nothing of the failed call happens.
+    pub fn fail_op(&self, op: FaultOp, suffix: &str, nth: u64, kind: io::ErrorKind) {
+        self.state.lock().faults.push(Fault {
+            op,
+            suffix: suffix.to_owned(),
+            left: nth.max(1),
+            kind,
+        });
+    }
+
+    /// Runs `hook` once, just before the next call of kind `op` on a path ending with `suffix`, on the
+    /// thread making that call and with no lock of this file system held.
+    pub fn on_next(&self, op: FaultOp, suffix: &str, hook: impl FnOnce() + Send + 'static) {
+        self.hooks.lock().push(Hook {
+            op,
+            suffix: suffix.to_owned(),
+            run: Box::new(hook),
+        });
     }
 
     /// Fails the `n`-th fdatasync from now (1 = the next one), once.
@@ -155,6 +255,11 @@ impl FaultyStorage {
         s.crash_after = Some(s.mutations + n);
     }
 
+    /// Forgets every hook that has not run yet.
+    pub fn clear_hooks(&self) {
+        self.hooks.lock().clear();
+    }
+
     /// Successful and failed fdatasync calls so far.
     pub fn syncs(&self) -> u64 {
         self.state.lock().syncs
@@ -168,26 +273,52 @@ impl FaultyStorage {
     /// Simulates a crash: every open handle and lock of the old "process" becomes dead, and the file
     /// system is rebuilt from what `mode` says survives. Pending faults are cleared.
     pub fn crash(&self, mode: CrashMode) {
+        self.hooks.lock().clear();
         let mut s = self.state.lock();
         s.generation += 1;
         s.locks.clear();
         s.fail_sync_at = None;
         s.fail_write_at = None;
         s.crash_after = None;
+        s.faults.clear();
+        if mode == CrashMode::ProcessOnly {
+            // The page cache survives: nothing visible changes and nothing becomes durable. Inodes
+            // only a durable name still points at (removed, removal not yet synced) are kept, since a
+            // later power loss brings them back.
+            let named: BTreeSet<u64> = s
+                .names
+                .values()
+                .chain(s.durable_names.values())
+                .copied()
+                .collect();
+            s.inodes.retain(|id, _| named.contains(id));
+            return;
+        }
         let mut rng = match mode {
             CrashMode::TornTail { seed } => SplitMix(seed),
             _ => SplitMix(0),
         };
-        if mode != CrashMode::ProcessOnly {
-            s.names = s.durable_names.clone();
-        }
+        // A directory survives only if its entry, and those of all its ancestors, were synced.
+        let durable_dirs = s.durable_dirs.clone();
+        s.dirs = durable_dirs
+            .iter()
+            .filter(|d| d.ancestors().all(|a| durable_dirs.contains(a)))
+            .cloned()
+            .collect();
+        s.durable_dirs = s.dirs.clone();
+        let dirs = s.dirs.clone();
+        s.names = s
+            .durable_names
+            .iter()
+            .filter(|(p, _)| p.parent().is_some_and(|d| dirs.contains(d)))
+            .map(|(p, id)| (p.clone(), *id))
+            .collect();
         let live: BTreeSet<u64> = s.names.values().copied().collect();
         s.inodes.retain(|id, _| live.contains(id));
         for inode in s.inodes.values_mut() {
             let mut data = inode.durable.clone();
             match mode {
-                CrashMode::ProcessOnly => data = inode.data.clone(),
-                CrashMode::DropUnsynced => {}
+                CrashMode::ProcessOnly | CrashMode::DropUnsynced => {}
                 CrashMode::TornTail { .. } => {
                     let n = inode.unsynced.len() as u64;
                     let keep = rng.below(n + 1) as usize;
@@ -229,9 +360,14 @@ impl FaultyStorage {
         Some(s.inodes[id].data.clone())
     }
 
-    /// Replaces a file's bytes, durably, for tests that damage the log directly.
+    /// Replaces a file's bytes, durably (its directories included), for tests that damage the log
+    /// directly.
     pub fn write_file(&self, path: &Path, bytes: &[u8]) {
         let mut s = self.state.lock();
+        for dir in path.ancestors().skip(1) {
+            s.dirs.insert(dir.to_owned());
+            s.durable_dirs.insert(dir.to_owned());
+        }
         let id = match s.names.get(path) {
             Some(id) => *id,
             None => {
@@ -251,9 +387,32 @@ impl FaultyStorage {
     fn handle(&self, id: u64, generation: u64) -> Arc<dyn StorageFile> {
         Arc::new(FaultyFile {
             state: Arc::clone(&self.state),
+            hooks: Arc::clone(&self.hooks),
             id,
             generation,
         })
+    }
+
+    fn run_hook(&self, op: FaultOp, path: &Path) {
+        run_hook(&self.hooks, op, path);
+    }
+}
+
+/// Runs (and forgets) the first hook waiting for `op` on `path`, with no lock held.
+fn run_hook(hooks: &Mutex<Vec<Hook>>, op: FaultOp, path: &Path) {
+    let hook = {
+        let mut hooks = hooks.lock();
+        if hooks.is_empty() {
+            return;
+        }
+        let name = path.to_string_lossy();
+        let found = hooks
+            .iter()
+            .position(|h| h.op == op && name.ends_with(h.suffix.as_str()));
+        found.map(|i| hooks.remove(i))
+    };
+    if let Some(hook) = hook {
+        (hook.run)();
     }
 }
 
@@ -262,6 +421,10 @@ impl Storage for FaultyStorage {
         let mut s = self.state.lock();
         for ancestor in dir.ancestors() {
             s.dirs.insert(ancestor.to_owned());
+            if ancestor.parent().is_none() {
+                // A root has no entry to lose.
+                s.durable_dirs.insert(ancestor.to_owned());
+            }
         }
         Ok(())
     }
@@ -285,9 +448,11 @@ impl Storage for FaultyStorage {
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Arc<dyn StorageFile>> {
+        self.run_hook(FaultOp::Create, path);
         let mut s = self.state.lock();
         let generation = s.generation;
         s.mutate(generation)?;
+        s.fault(FaultOp::Create, path)?;
         if s.names.contains_key(path) {
             return Err(io::Error::new(io::ErrorKind::AlreadyExists, "file exists"));
         }
@@ -303,9 +468,11 @@ impl Storage for FaultyStorage {
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
+        self.run_hook(FaultOp::Remove, path);
         let mut s = self.state.lock();
         let generation = s.generation;
         s.mutate(generation)?;
+        s.fault(FaultOp::Remove, path)?;
         s.names
             .remove(path)
             .map(|_| ())
@@ -313,19 +480,28 @@ impl Storage for FaultyStorage {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.run_hook(FaultOp::Rename, from);
         let mut s = self.state.lock();
         let generation = s.generation;
         s.mutate(generation)?;
+        s.fault(FaultOp::Rename, from)?;
         let id = s.names.remove(from).ok_or_else(|| not_found(from))?;
         s.names.insert(to.to_owned(), id);
         Ok(())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.run_hook(FaultOp::SyncDir, dir);
         let mut s = self.state.lock();
         let generation = s.generation;
         s.mutate(generation)?;
+        s.fault(FaultOp::SyncDir, dir)?;
+        if !s.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
         let in_dir = |p: &PathBuf| p.parent() == Some(dir);
+        let subdirs: Vec<PathBuf> = s.dirs.iter().filter(|p| in_dir(p)).cloned().collect();
+        s.durable_dirs.extend(subdirs);
         let current: Vec<(PathBuf, u64)> = s
             .names
             .iter()
@@ -369,11 +545,30 @@ impl Drop for FaultyLock {
 
 struct FaultyFile {
     state: Arc<Mutex<FsState>>,
+    hooks: Arc<Mutex<Vec<Hook>>>,
     id: u64,
     generation: u64,
 }
 
 impl FaultyFile {
+    /// Runs a hook waiting for `op` on this file, if any.
+    fn hook(&self, op: FaultOp) {
+        if self.hooks.lock().is_empty() {
+            return;
+        }
+        let path = self.state.lock().name_of(self.id);
+        run_hook(&self.hooks, op, &path);
+    }
+
+    /// Fails the call if an injected fault for `op` on this file is due.
+    fn fault(&self, s: &mut FsState, op: FaultOp) -> io::Result<()> {
+        if s.faults.is_empty() {
+            return Ok(());
+        }
+        let path = s.name_of(self.id);
+        s.fault(op, &path)
+    }
+
     fn inode<'a>(&self, s: &'a mut FsState) -> io::Result<&'a mut Inode> {
         s.inodes
             .get_mut(&self.id)
@@ -400,6 +595,7 @@ impl StorageFile for FaultyFile {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.hook(FaultOp::Write);
         let mut s = self.state.lock();
         s.mutate(self.generation)?;
         s.writes += 1;
@@ -409,6 +605,7 @@ impl StorageFile for FaultyFile {
                 "injected fault: disk full",
             ));
         }
+        self.fault(&mut s, FaultOp::Write)?;
         let inode = self.inode(&mut s)?;
         write_into(&mut inode.data, offset, data);
         inode.unsynced.push(Change::Write {
@@ -419,12 +616,14 @@ impl StorageFile for FaultyFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        self.hook(FaultOp::Sync);
         let mut s = self.state.lock();
         s.mutate(self.generation)?;
         s.syncs += 1;
         if s.fail_sync_at == Some(s.syncs) {
             return Err(injected("fdatasync failed"));
         }
+        self.fault(&mut s, FaultOp::Sync)?;
         let inode = self.inode(&mut s)?;
         inode.durable = inode.data.clone();
         inode.unsynced.clear();
@@ -432,8 +631,10 @@ impl StorageFile for FaultyFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.hook(FaultOp::SetLen);
         let mut s = self.state.lock();
         s.mutate(self.generation)?;
+        self.fault(&mut s, FaultOp::SetLen)?;
         let inode = self.inode(&mut s)?;
         let change = Change::SetLen(len);
         change.apply(&mut inode.data);
@@ -467,10 +668,16 @@ mod tests {
         PathBuf::from("/db")
     }
 
+    /// Creates `/db` with a durable entry in `/`.
+    fn make_dir(fs: &FaultyStorage) {
+        fs.create_dir_all(&dir()).unwrap();
+        fs.sync_dir(Path::new("/")).unwrap();
+    }
+
     #[test]
     fn unsynced_writes_are_dropped_on_power_loss() {
         let fs = FaultyStorage::new();
-        fs.create_dir_all(&dir()).unwrap();
+        make_dir(&fs);
         let f = fs.create_new(&dir().join("a")).unwrap();
         fs.sync_dir(&dir()).unwrap();
         f.write_at(0, b"durable").unwrap();
@@ -484,7 +691,7 @@ mod tests {
     #[test]
     fn a_file_never_made_durable_in_its_directory_vanishes() {
         let fs = FaultyStorage::new();
-        fs.create_dir_all(&dir()).unwrap();
+        make_dir(&fs);
         let f = fs.create_new(&dir().join("a")).unwrap();
         f.write_at(0, b"x").unwrap();
         f.sync_data().unwrap();
@@ -495,7 +702,7 @@ mod tests {
     #[test]
     fn process_crash_keeps_everything_written() {
         let fs = FaultyStorage::new();
-        fs.create_dir_all(&dir()).unwrap();
+        make_dir(&fs);
         let f = fs.create_new(&dir().join("a")).unwrap();
         f.write_at(0, b"kept").unwrap();
         fs.crash(CrashMode::ProcessOnly);
@@ -503,9 +710,73 @@ mod tests {
     }
 
     #[test]
+    fn unsynced_writes_survive_a_process_crash_only_until_a_power_loss() {
+        let fs = FaultyStorage::new();
+        make_dir(&fs);
+        let f = fs.create_new(&dir().join("a")).unwrap();
+        fs.sync_dir(&dir()).unwrap();
+        f.write_at(0, b"synced").unwrap();
+        f.sync_data().unwrap();
+        f.write_at(6, b" cached").unwrap();
+        fs.crash(CrashMode::ProcessOnly);
+        assert_eq!(fs.read_file(&dir().join("a")).unwrap(), b"synced cached");
+        fs.crash(CrashMode::DropUnsynced);
+        assert_eq!(fs.read_file(&dir().join("a")).unwrap(), b"synced");
+    }
+
+    #[test]
+    fn a_file_created_before_a_process_crash_vanishes_at_a_later_power_loss() {
+        let fs = FaultyStorage::new();
+        make_dir(&fs);
+        fs.create_new(&dir().join("a"))
+            .unwrap()
+            .sync_data()
+            .unwrap();
+        fs.crash(CrashMode::ProcessOnly);
+        assert!(fs.read_file(&dir().join("a")).is_some());
+        fs.crash(CrashMode::DropUnsynced);
+        assert!(fs.read_file(&dir().join("a")).is_none());
+    }
+
+    #[test]
+    fn a_directory_whose_parent_was_never_synced_vanishes_at_power_loss() {
+        let fs = FaultyStorage::new();
+        let sub = dir().join("sub");
+        fs.create_dir_all(&sub).unwrap();
+        let f = fs.create_new(&sub.join("a")).unwrap();
+        f.sync_data().unwrap();
+        fs.sync_dir(&sub).unwrap();
+        fs.crash(CrashMode::DropUnsynced);
+        assert!(fs.read_file(&sub.join("a")).is_none());
+        assert!(fs.list(&sub).is_err(), "the directory itself is gone");
+
+        fs.create_dir_all(&sub).unwrap();
+        fs.create_new(&sub.join("a")).unwrap().sync_data().unwrap();
+        fs.sync_dir(&sub).unwrap();
+        fs.sync_dir(&dir()).unwrap();
+        fs.sync_dir(Path::new("/")).unwrap();
+        fs.crash(CrashMode::DropUnsynced);
+        assert!(fs.read_file(&sub.join("a")).is_some());
+    }
+
+    #[test]
+    fn an_injected_fault_fails_only_the_chosen_call_on_the_chosen_file() {
+        let fs = FaultyStorage::new();
+        make_dir(&fs);
+        let a = fs.create_new(&dir().join("a.tmp")).unwrap();
+        let b = fs.create_new(&dir().join("b")).unwrap();
+        fs.fail_op(FaultOp::Sync, ".tmp", 2, io::ErrorKind::StorageFull);
+        b.sync_data().unwrap();
+        a.sync_data().unwrap();
+        let err = a.sync_data().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        a.sync_data().unwrap();
+    }
+
+    #[test]
     fn failed_sync_makes_nothing_durable() {
         let fs = FaultyStorage::new();
-        fs.create_dir_all(&dir()).unwrap();
+        make_dir(&fs);
         let f = fs.create_new(&dir().join("a")).unwrap();
         fs.sync_dir(&dir()).unwrap();
         f.write_at(0, b"x").unwrap();
@@ -518,7 +789,7 @@ mod tests {
     #[test]
     fn crash_point_fails_every_later_mutation() {
         let fs = FaultyStorage::new();
-        fs.create_dir_all(&dir()).unwrap();
+        make_dir(&fs);
         fs.crash_after(1);
         let f = fs.create_new(&dir().join("a")).unwrap();
         assert!(f.write_at(0, b"x").is_err());

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use faulty::{CrashMode, FaultyStorage};
+pub use faulty::{CrashMode, FaultOp, FaultyStorage};
 pub use fs::FsStorage;
 
 /// A file system, as the engine needs it.
@@ -60,6 +60,31 @@ pub trait StorageFile: Send + Sync + 'static {
 /// Holds a directory lock until dropped.
 pub trait LockGuard: Send + Sync {}
 
+/// Creates `dir` (and missing parents) so that it survives a power loss: each directory created is
+/// made durable by syncing its parent, which is what holds its entry. An existing directory is left
+/// alone. Without this a new store could acknowledge writes into a directory that a power loss
+/// removes, files and all.
+pub(crate) fn create_dir_durable(storage: &dyn Storage, dir: &Path) -> io::Result<()> {
+    match storage.list(dir) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // A relative path's last component has the current directory as its parent.
+    let parent = match dir.parent() {
+        Some(p) if p.as_os_str().is_empty() => Some(Path::new(".")),
+        other => other,
+    };
+    if let Some(parent) = parent {
+        create_dir_durable(storage, parent)?;
+    }
+    storage.create_dir_all(dir)?;
+    if let Some(parent) = parent {
+        storage.sync_dir(parent)?;
+    }
+    Ok(())
+}
+
 /// Replaces `dir/name` atomically and durably with `contents`: write a temporary file, sync it, rename
 /// it over the target, sync the directory. Every metadata file goes through here.
 pub fn write_atomic(
@@ -68,15 +93,47 @@ pub fn write_atomic(
     name: &str,
     contents: &[u8],
 ) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    match storage.remove(&tmp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let file = storage.create_new(&tmp)?;
-    file.write_at(0, contents)?;
-    file.sync_data()?;
-    drop(file);
-    storage.rename(&tmp, &dir.join(name))?;
-    storage.sync_dir(dir)
+    replace_atomic(storage, dir, name, contents).map_err(|e| match e {
+        AtomicWriteError::BeforeRename(e) | AtomicWriteError::Ambiguous(e) => e,
+    })
+}
+
+/// How an atomic replacement failed, which decides what the caller may assume about the target.
+#[derive(Debug)]
+pub(crate) enum AtomicWriteError {
+    /// Creating, writing or syncing the temporary file failed: the target was not touched, and only
+    /// the temporary file (`{name}.tmp`) may be left behind.
+    BeforeRename(io::Error),
+    /// The rename, or the directory sync after it, failed: the rename may or may not have happened,
+    /// and may or may not survive a power loss, so either version is what a restart may see.
+    Ambiguous(io::Error),
+}
+
+/// The temporary file [`write_atomic`] writes `dir/name` through.
+pub(crate) fn atomic_tmp_path(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(format!("{name}.tmp"))
+}
+
+/// [`write_atomic`], telling a failure before the rename (nothing switched) from one at or after it.
+pub(crate) fn replace_atomic(
+    storage: &dyn Storage,
+    dir: &Path,
+    name: &str,
+    contents: &[u8],
+) -> Result<(), AtomicWriteError> {
+    let tmp = atomic_tmp_path(dir, name);
+    let prepare = || -> io::Result<()> {
+        match storage.remove(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let file = storage.create_new(&tmp)?;
+        file.write_at(0, contents)?;
+        file.sync_data()
+    };
+    prepare().map_err(AtomicWriteError::BeforeRename)?;
+    storage
+        .rename(&tmp, &dir.join(name))
+        .and_then(|()| storage.sync_dir(dir))
+        .map_err(AtomicWriteError::Ambiguous)
 }
