@@ -19,7 +19,7 @@ fn ms(expr: &str) -> String {
 fn expiry(after: &str, at: &str) -> String {
     format!(
         "CASE WHEN {after} IS NOT NULL THEN now() + {after} * interval '1 millisecond' \
-         WHEN {at} IS NOT NULL THEN to_timestamp({at}::float8 / 1000) END"
+         WHEN {at} IS NOT NULL THEN to_timestamp(0) + {at} * interval '1 millisecond' END"
     )
 }
 
