@@ -423,6 +423,26 @@ async fn complete_writes_the_response_and_records_atomically() {
         .get(0);
     assert_eq!(expires_ms as u64, t.expires_at_ms);
 
+    // Puts and removals together, outside a claim.
+    store
+        .write_records(&[
+            RecordWrite::put("payments", "a", Bytes::from_static(b"1")),
+            RecordWrite::put("payments", "a", Bytes::from_static(b"2")),
+            RecordWrite {
+                namespace: "payments",
+                key: "pay_1".into(),
+                value: None,
+                expiry: Expiry::Never,
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.record("payments", "a").await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
+    assert_eq!(store.record("payments", "pay_1").await.unwrap(), None);
+
     // A complete whose records cannot be written writes nothing at all: the key stays in progress.
     let t2 = acquire(&store, "acct", "k2", 1, TTL).await;
     let bad = [

@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tracing::{info, warn};
 
 pub use cleanup::CleanupReport;
@@ -50,6 +51,10 @@ use sql::{COMPLETED, IN_PROGRESS, Statements};
 /// Attempts of one call when the database reports a serialization failure or deadlock, or a claim
 /// finds the key changing under it.
 const MAX_ATTEMPTS: u32 = 8;
+
+/// Bound on all of [`PgStore::connect`] (connection attempts and migration), so that a binary that
+/// cannot reach its database exits within 30 s.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(25);
 
 const MAX_NAMESPACE: usize = 255;
 const MAX_RECORD_KEY: usize = 1024;
@@ -416,8 +421,12 @@ impl PgStore {
         let attempts = config.connect_attempts.max(1);
         let mut client = None;
         let mut last = String::new();
+        let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
         for attempt in 1..=attempts {
-            match pool.get().await {
+            let got = tokio::time::timeout_at(deadline, pool.get())
+                .await
+                .unwrap_or(Err(PoolError::Timeout(TimeoutType::Create)));
+            match got {
                 Ok(c) => {
                     client = Some(c);
                     break;
@@ -443,6 +452,9 @@ impl PgStore {
                         break;
                     }
                     if attempt < attempts {
+                        if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
+                            break;
+                        }
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
@@ -455,12 +467,19 @@ impl PgStore {
                 reason: last,
             });
         };
-        if let Err(e) = schema::migrate(&mut client, &config.schema).await {
+        let migrated =
+            tokio::time::timeout_at(deadline, schema::migrate(&mut client, &config.schema))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(format!("not done within {} s", STARTUP_DEADLINE.as_secs()))
+                })
+                .map_err(scrub);
+        if let Err(reason) = migrated {
             pool.close();
             return Err(PgError::Migrate {
                 url: shown,
                 schema: config.schema.clone(),
-                reason: scrub(describe(&e)),
+                reason,
             });
         }
         drop(client);
@@ -721,32 +740,40 @@ impl IdempotencyStore for PgStore {
         let (scope, key) = (token.scope.as_str(), token.key.as_str());
         let inner = &*self.inner;
         inner
-            .with_retry("complete", |c| async move {
+            .with_retry("complete", |mut c| async move {
                 let stmt = c.prepare_cached(&inner.sql.complete).await?;
                 let a = arrays;
-                let row = c
-                    .query_one(
-                        &stmt,
-                        &[
-                            &scope,
-                            &key,
-                            &fence,
-                            &status,
-                            headers,
-                            &body,
-                            &a.ns,
-                            &a.keys,
-                            &a.values,
-                            &a.after_ms,
-                            &a.at_ms,
-                            &a.del_ns,
-                            &a.del_keys,
-                        ],
-                    )
-                    .await?;
+                let params: [&(dyn ToSql + Sync); 11] = [
+                    &scope,
+                    &key,
+                    &fence,
+                    &status,
+                    headers,
+                    &body,
+                    &a.ns,
+                    &a.keys,
+                    &a.values,
+                    &a.after_ms,
+                    &a.at_ms,
+                ];
+                if a.del_ns.is_empty() {
+                    // One statement: the response and the puts, or nothing.
+                    let row = c.query_one(&stmt, &params).await?;
+                    if row.try_get::<_, i64>(0)? == 0 {
+                        return Err(lease_lost(token));
+                    }
+                    return Ok(());
+                }
+                // With removals: the same statement, then the deletes, in one transaction.
+                let del = c.prepare_cached(&inner.sql.delete_records).await?;
+                let tx = c.transaction().await?;
+                let row = tx.query_one(&stmt, &params).await?;
                 if row.try_get::<_, i64>(0)? == 0 {
+                    tx.rollback().await?;
                     return Err(lease_lost(token));
                 }
+                tx.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                tx.commit().await?;
                 Ok(())
             })
             .await
@@ -848,22 +875,26 @@ impl IdempotencyStore for PgStore {
         let arrays = &WriteArrays::new(writes)?;
         let inner = &*self.inner;
         inner
-            .with_retry("write_records", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.write_records).await?;
+            .with_retry("write_records", |mut c| async move {
                 let a = arrays;
-                c.query_one(
-                    &stmt,
-                    &[
-                        &a.ns,
-                        &a.keys,
-                        &a.values,
-                        &a.after_ms,
-                        &a.at_ms,
-                        &a.del_ns,
-                        &a.del_keys,
-                    ],
-                )
-                .await?;
+                let puts = c.prepare_cached(&inner.sql.write_puts).await?;
+                let del = c.prepare_cached(&inner.sql.delete_records).await?;
+                let put_params: [&(dyn ToSql + Sync); 5] =
+                    [&a.ns, &a.keys, &a.values, &a.after_ms, &a.at_ms];
+                match (a.ns.is_empty(), a.del_ns.is_empty()) {
+                    (false, true) => {
+                        c.query_one(&puts, &put_params).await?;
+                    }
+                    (true, false) => {
+                        c.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                    }
+                    _ => {
+                        let tx = c.transaction().await?;
+                        tx.query_one(&puts, &put_params).await?;
+                        tx.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                        tx.commit().await?;
+                    }
+                }
                 Ok(())
             })
             .await

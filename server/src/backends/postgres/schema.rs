@@ -78,10 +78,7 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
 }
 
 /// Creates `schema` if needed and applies the missing migrations.
-pub(crate) async fn migrate(
-    client: &mut Client,
-    schema: &str,
-) -> Result<(), tokio_postgres::Error> {
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), String> {
     let mut attempt = 0;
     loop {
         match migrate_once(client, schema).await {
@@ -90,7 +87,7 @@ pub(crate) async fn migrate(
                 warn!(schema, attempt, error = %super::describe(&e), "schema migration raced another instance; retrying");
                 tokio::time::sleep(super::jitter(Duration::from_millis(20), attempt)).await;
             }
-            other => return other,
+            other => return other.map_err(|e| super::describe(&e)),
         }
     }
 }

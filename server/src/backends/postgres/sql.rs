@@ -31,7 +31,8 @@ pub(crate) struct Statements {
     pub extend: String,
     pub get: String,
     pub record: String,
-    pub write_records: String,
+    pub write_puts: String,
+    pub delete_records: String,
     pub insert_once: String,
     pub counter: String,
     pub cleanup_keys: String,
@@ -45,44 +46,22 @@ impl Statements {
         let seq = format!("'\"{schema}\".fence_seq'");
         let lease_left =
             "GREATEST(0, ceil(extract(epoch FROM (k.lease_until - now())) * 1000))::bigint";
-        // Puts and deletes of business records, from arrays ($a.. = puts, $d.. = deletes).
-        let record_ctes = |first: usize, guard: &str| {
-            let (ns, key, value, after, at, del_ns, del_key) = (
-                first,
-                first + 1,
-                first + 2,
-                first + 3,
-                first + 4,
-                first + 5,
-                first + 6,
-            );
+        // Puts of business records, from arrays starting at parameter `first`. Removals are a
+        // separate statement: CockroachDB refuses two modifications of one table in a statement.
+        let puts_cte = |first: usize, guard: &str| {
+            let (ns, key, value, after, at) = (first, first + 1, first + 2, first + 3, first + 4);
             format!(
                 "puts AS (
                    INSERT INTO {s}.records AS r (namespace, key, value, expires_at)
                    SELECT w.ns, w.k, w.v, {exp}
                    FROM unnest(${ns}::text[], ${key}::text[], ${value}::bytea[], ${after}::bigint[],
                                ${at}::bigint[]) AS w(ns, k, v, after_ms, at_ms)
-                   {guard_where}
+                   {guard}
                    ON CONFLICT (namespace, key) DO UPDATE
                      SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
                    RETURNING 1
-                 ), dels AS (
-                   DELETE FROM {s}.records r
-                   USING unnest(${del_ns}::text[], ${del_key}::text[]) AS d(ns, k)
-                   WHERE r.namespace = d.ns AND r.key = d.k {guard_and}
-                   RETURNING 1
                  )",
                 exp = expiry("w.after_ms", "w.at_ms"),
-                guard_where = if guard.is_empty() {
-                    String::new()
-                } else {
-                    format!("WHERE {guard}")
-                },
-                guard_and = if guard.is_empty() {
-                    String::new()
-                } else {
-                    format!("AND {guard}")
-                },
             )
         };
         Self {
@@ -124,7 +103,7 @@ impl Statements {
                  WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)",
                 exp_ms = ms("k.expires_at"),
             ),
-            // $1 scope, $2 key, $3 fence, $4 status, $5 headers, $6 body, $7..$13 record arrays.
+            // $1 scope, $2 key, $3 fence, $4 status, $5 headers, $6 body, $7..$11 put arrays.
             complete: format!(
                 "WITH done AS (
                    UPDATE {s}.keys SET state = {COMPLETED}, lease_until = NULL,
@@ -134,7 +113,7 @@ impl Statements {
                    RETURNING 1
                  ), {records}
                  SELECT (SELECT count(*) FROM done) AS done",
-                records = record_ctes(7, "EXISTS (SELECT 1 FROM done)"),
+                records = puts_cte(7, "WHERE EXISTS (SELECT 1 FROM done)"),
             ),
             // $1 scope, $2 key, $3 fence.
             release: format!(
@@ -161,10 +140,16 @@ impl Statements {
                 "SELECT value FROM {s}.records
                  WHERE namespace = $1 AND key = $2 AND (expires_at IS NULL OR expires_at > now())"
             ),
-            // $1..$7 record arrays.
-            write_records: format!(
-                "WITH {records} SELECT (SELECT count(*) FROM puts) + (SELECT count(*) FROM dels)",
-                records = record_ctes(1, ""),
+            // $1..$5 put arrays.
+            write_puts: format!(
+                "WITH {records} SELECT count(*) FROM puts",
+                records = puts_cte(1, ""),
+            ),
+            // $1 namespaces, $2 keys.
+            delete_records: format!(
+                "DELETE FROM {s}.records r
+                 USING unnest($1::text[], $2::text[]) AS d(ns, k)
+                 WHERE r.namespace = d.ns AND r.key = d.k"
             ),
             // $1 namespace, $2 key, $3 value, $4 after ms, $5 at ms, $6 counter.
             insert_once: format!(
