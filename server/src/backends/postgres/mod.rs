@@ -7,7 +7,9 @@
 //!
 //! Every call is one statement in its own implicit transaction (see [`sql`]): claim, complete,
 //! release, extend, insert_once and write_records each take one round trip when nothing races, and
-//! return `Ok` only after the server has committed. Serialization failures and deadlocks (SQLSTATE
+//! return `Ok` only after the server has committed. (A complete or write_records that also removes
+//! records adds a `DELETE` and runs both in one explicit transaction: CockroachDB refuses two
+//! modifications of one table in one statement.) Serialization failures and deadlocks (SQLSTATE
 //! 40001, 40P01) are retried a bounded number of times with jittered backoff; connection failures
 //! become [`StoreError::Unavailable`] and mark the store unhealthy until a probe or a call succeeds;
 //! other database errors are [`StoreError::Internal`]. All times are the database's `now()`.
