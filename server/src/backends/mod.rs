@@ -2,3 +2,4 @@
 //! one process) and PostgreSQL (shared by any number of server instances).
 
 pub mod embedded;
+pub mod postgres;

@@ -1,0 +1,139 @@
+//! How the PostgreSQL backend is configured, and why connecting can fail.
+
+use std::time::Duration;
+
+/// Settings of [`super::PgStore::connect`]. Start from [`PgConfig::new`] and change what you need.
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// `postgres://user:password@host:port/database?...` or a key/value connection string. Logged
+    /// and reported only through [`super::redacted_url`].
+    pub url: String,
+    /// The schema holding the tables (created if missing). Default `idemlog`. Letters, digits and
+    /// `_` only, not starting with a digit, at most 63 bytes.
+    pub schema: String,
+    /// Most pooled connections. Default 16.
+    pub pool_size: usize,
+    /// How long a call waits for a free pooled connection before failing with
+    /// [`crate::idempotency::StoreError::Unavailable`] (503). Default 2 s.
+    pub pool_wait_timeout: Duration,
+    /// Bound on opening one connection (TCP connect and start-up). Default 5 s.
+    pub connect_timeout: Duration,
+    /// Server-side `statement_timeout` of every session; calls are also bounded client-side by
+    /// roughly this plus the pool and connect timeouts. Default 5 s.
+    pub statement_timeout: Duration,
+    /// Lease of an in-progress claim: after this long without `extend`, a retry with the same
+    /// fingerprint may take the key over. Default 30 s (the embedded engine's default).
+    pub lease: Duration,
+    /// Connection attempts at start-up before [`super::PgStore::connect`] gives up (one second
+    /// apart). Default 3, so a dead database fails start-up within about 20 s.
+    pub connect_attempts: u32,
+    /// How often the background cleanup deletes expired rows; `None` runs none (call
+    /// [`super::PgStore::spawn_cleanup`] or [`super::PgStore::cleanup_once`] yourself). Default
+    /// every 60 s.
+    pub cleanup_interval: Option<Duration>,
+    /// Rows deleted per cleanup statement. Default 500.
+    pub cleanup_batch: u32,
+}
+
+impl PgConfig {
+    /// The defaults listed on each field, for this URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: "idemlog".to_string(),
+            pool_size: 16,
+            pool_wait_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(5),
+            lease: Duration::from_secs(30),
+            connect_attempts: 3,
+            cleanup_interval: Some(Duration::from_secs(60)),
+            cleanup_batch: 500,
+        }
+    }
+
+    /// Sets the schema.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets the lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the pool size.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+}
+
+/// Why [`super::PgStore::connect`] failed. Messages name the database through
+/// [`super::redacted_url`]: never with its password.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    /// A setting is out of range (empty pool, zero lease, bad schema name).
+    #[error("invalid PostgreSQL setting: {0}")]
+    Config(String),
+    /// The URL does not parse.
+    #[error("invalid database URL {url}: {reason}")]
+    Url {
+        /// The redacted URL.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No connection could be opened (after the bounded retries), or the server refused us.
+    #[error("cannot connect to database {url}: {reason}")]
+    Connect {
+        /// The redacted URL.
+        url: String,
+        /// The last error.
+        reason: String,
+    },
+    /// The schema could not be created or migrated.
+    #[error("cannot create or migrate schema {schema:?} in database {url}: {reason}")]
+    Migrate {
+        /// The redacted URL.
+        url: String,
+        /// The schema.
+        schema: String,
+        /// The last error.
+        reason: String,
+    },
+}
+
+/// Checks that `schema` is a plain identifier, safe to quote into statements.
+pub(crate) fn validate_schema(schema: &str) -> Result<(), PgError> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && !schema.as_bytes()[0].is_ascii_digit()
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(PgError::Config(format!(
+            "schema name {schema:?} must be 1-63 letters, digits or '_', not starting with a digit"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_identifiers() {
+        for ok in ["idemlog", "t_1a2b", "_x", "Mixed_Case"] {
+            assert!(validate_schema(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1abc", "a-b", "a\"b", "a b", "a;drop", &"x".repeat(64)] {
+            assert!(validate_schema(bad).is_err(), "{bad}");
+        }
+    }
+}
