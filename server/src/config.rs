@@ -28,6 +28,23 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
+    /// PostgreSQL URL (`postgres://user:password@host:port/db`): keep every record in that shared
+    /// database instead of `--data-dir`, so any number of instances can serve the same keys.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Schema of the PostgreSQL tables (created or migrated at start-up).
+    #[arg(long, env = "IDEMLOG_DATABASE_SCHEMA", default_value = "idemlog")]
+    pub database_schema: String,
+
+    /// Most PostgreSQL connections this instance holds.
+    #[arg(long, env = "IDEMLOG_DATABASE_POOL_SIZE", default_value_t = 16)]
+    pub database_pool_size: usize,
+
+    /// Longest a request waits for a pooled PostgreSQL connection before it gets a 503.
+    #[arg(long, env = "IDEMLOG_DATABASE_POOL_WAIT", default_value = "2s", value_parser = parse_positive_duration)]
+    pub database_pool_wait: Duration,
+
     /// API key and the account it authenticates, as KEY=ACCOUNT; repeatable. The environment form
     /// is comma-separated: IDEMLOG_API_KEYS="k1=acct_a,k2=acct_b". With none, a demo key is used.
     #[arg(
@@ -239,6 +256,9 @@ mod tests {
         assert_eq!(c.key_ttl, Duration::from_secs(86_400));
         assert_eq!(c.lease, Duration::from_secs(30));
         assert_eq!(c.retry_after, Duration::from_secs(1));
+        assert_eq!(c.database_schema, "idemlog");
+        assert_eq!(c.database_pool_size, 16);
+        assert_eq!(c.database_pool_wait, Duration::from_secs(2));
         assert_eq!(c.durability, DurabilityArg::Sync);
         assert_eq!(c.max_body_bytes, 65_536);
         assert_eq!(c.gateway_latency, Duration::from_millis(50));

@@ -11,6 +11,7 @@ use clap::Parser;
 use idemlog::{Options, SystemClock};
 use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
 use idemlog_server::backends::embedded::EmbeddedStore;
+use idemlog_server::backends::postgres::{PgConfig, PgStore, redacted_url};
 use idemlog_server::config::{Config, LogFormat, Switch};
 use idemlog_server::idempotency::{SharedStore, StoreError};
 use idemlog_server::{App, AppConfig, app};
@@ -34,6 +35,8 @@ enum ServerError {
         #[source]
         source: idemlog::Error,
     },
+    #[error("{0}")]
+    Database(String),
     #[error("the store cannot be read: {0}")]
     Store(#[source] StoreError),
     #[error("could not listen on {addr}: {source}")]
@@ -106,40 +109,10 @@ async fn run(config: Config) -> Result<(), ServerError> {
         );
     }
 
-    let clock = Arc::new(SystemClock);
-    let options = Options::default()
-        .durability(config.engine_durability())
-        .lease(config.lease)
-        .clock(clock);
-    let max_value_bytes = options.max_value_bytes;
-    let dir = config.data_dir.clone();
-    let embedded = tokio::task::spawn_blocking(move || EmbeddedStore::open(&dir, options))
-        .await?
-        .map_err(|source| ServerError::Open {
-            dir: config.data_dir.display().to_string(),
-            source,
-        })?;
-    if let Some(engine) = embedded.engine() {
-        let report = engine.recovery_report();
-        info!(
-            dir = %config.data_dir.display(),
-            segments = report.segments,
-            frames = report.frames,
-            operations = report.operations,
-            bytes = report.bytes,
-            durability = ?config.durability,
-            "store opened: log replayed"
-        );
-        if let Some(torn) = &report.torn_tail {
-            warn!(
-                segment = %torn.path.display(),
-                offset = torn.offset,
-                discarded_bytes = torn.discarded,
-                "cut a torn tail left by a crash (writes that were never acknowledged)"
-            );
-        }
-    }
-    let store: SharedStore = Arc::new(embedded);
+    let (store, max_value_bytes) = match &config.database_url {
+        Some(url) => (open_postgres(&config, url).await?, 4 << 20),
+        None => open_embedded(&config).await?,
+    };
 
     let app_config = AppConfig {
         key_ttl: config.key_ttl,
@@ -200,6 +173,71 @@ async fn run(config: Config) -> Result<(), ServerError> {
     store.close().await.map_err(ServerError::Close)?;
     info!("store closed: log flushed and synced");
     Ok(())
+}
+
+/// The embedded store in `--data-dir` (the default), and the largest value it stores.
+async fn open_embedded(config: &Config) -> Result<(SharedStore, usize), ServerError> {
+    let clock = Arc::new(SystemClock);
+    let options = Options::default()
+        .durability(config.engine_durability())
+        .lease(config.lease)
+        .clock(clock);
+    let max_value_bytes = options.max_value_bytes;
+    let dir = config.data_dir.clone();
+    let embedded = tokio::task::spawn_blocking(move || EmbeddedStore::open(&dir, options))
+        .await?
+        .map_err(|source| ServerError::Open {
+            dir: config.data_dir.display().to_string(),
+            source,
+        })?;
+    if let Some(engine) = embedded.engine() {
+        let report = engine.recovery_report();
+        info!(
+            dir = %config.data_dir.display(),
+            segments = report.segments,
+            frames = report.frames,
+            operations = report.operations,
+            bytes = report.bytes,
+            durability = ?config.durability,
+            "store opened: log replayed"
+        );
+        if let Some(torn) = &report.torn_tail {
+            warn!(
+                segment = %torn.path.display(),
+                offset = torn.offset,
+                discarded_bytes = torn.discarded,
+                "cut a torn tail left by a crash (writes that were never acknowledged)"
+            );
+        }
+    }
+
+    Ok((Arc::new(embedded), max_value_bytes))
+}
+
+/// How long start-up may try to reach PostgreSQL before the process exits non-zero.
+const DATABASE_STARTUP_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The shared PostgreSQL store (`--database-url`); `--data-dir` is not used.
+async fn open_postgres(config: &Config, url: &str) -> Result<SharedStore, ServerError> {
+    let mut pg = PgConfig::new(url)
+        .schema(config.database_schema.clone())
+        .lease(config.lease)
+        .pool_size(config.database_pool_size);
+    pg.pool_wait_timeout = config.database_pool_wait;
+    let database = redacted_url(url);
+    info!(%database, schema = %config.database_schema, "connecting to PostgreSQL");
+    let store = match tokio::time::timeout(DATABASE_STARTUP_LIMIT, PgStore::connect(pg)).await {
+        Ok(Ok(store)) => store,
+        Ok(Err(e)) => return Err(ServerError::Database(e.to_string())),
+        Err(_) => {
+            return Err(ServerError::Database(format!(
+                "could not reach the database {database} within {} s",
+                DATABASE_STARTUP_LIMIT.as_secs()
+            )));
+        }
+    };
+    info!(%database, schema = %config.database_schema, "PostgreSQL store ready: schema migrated");
+    Ok(Arc::new(store))
 }
 
 async fn shutdown_signal() {

@@ -1,0 +1,245 @@
+//! One harness, two backends: the real router on the embedded engine (in memory, manual clock) or
+//! on PostgreSQL (a fresh schema per test, the database's clock).
+//!
+//! Time: on the embedded store [`Harness::pass`] moves the manual clock; on PostgreSQL, whose
+//! clock is the database's `now()`, it sleeps. Leases and TTLs are short so that costs little.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use idemlog::storage::FaultyStorage;
+use idemlog::{ManualClock, Options};
+use idemlog_server::auth::ApiKeys;
+use idemlog_server::backends::embedded::EmbeddedStore;
+use idemlog_server::backends::postgres::{PgConfig, PgStore};
+use idemlog_server::idempotency::{FingerprintMode, Outcome, SharedStore};
+use idemlog_server::{App, AppConfig, app};
+use tower::ServiceExt;
+
+pub const KEY_A: &str = "key_a";
+pub const KEY_B: &str = "key_b";
+pub const BODY: &str = r#"{"amount": 100.00, "currency": "BRL"}"#;
+/// Short enough for PostgreSQL tests to wait out.
+pub const LEASE: Duration = Duration::from_millis(400);
+pub const TTL: Duration = Duration::from_millis(1500);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Postgres,
+}
+
+pub struct Settings {
+    pub latency: Duration,
+    pub fail_after_charge: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            fail_after_charge: 0,
+        }
+    }
+}
+
+pub struct Harness {
+    pub store: SharedStore,
+    pub app: App,
+    pub router: Router,
+    clock: Option<ManualClock>,
+    drop_schema: Option<(String, String)>,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+impl std::fmt::Debug for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, String::from_utf8_lossy(&self.body))
+    }
+}
+
+/// The PostgreSQL URL, or `None` (with a printed skip line) where no database was set up. Where
+/// CI set one up (`CI`, or `IDEMLOG_REQUIRE_POSTGRES=1`), a missing URL fails the test instead.
+pub fn database_url() -> Option<String> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            let required = std::env::var_os("CI").is_some()
+                || std::env::var("IDEMLOG_REQUIRE_POSTGRES").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "DATABASE_URL is not set but the PostgreSQL tests are required here: \
+                 run them under scripts/pg-test-cluster"
+            );
+            eprintln!(
+                "SKIPPED on PostgreSQL: DATABASE_URL is not set (see scripts/pg-test-cluster)"
+            );
+            None
+        }
+    }
+}
+
+fn unique_schema() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let n = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("b_{n:016x}")
+}
+
+impl Harness {
+    /// The app on `backend`, or `None` when that backend is not available here (PostgreSQL without
+    /// `DATABASE_URL` on a developer machine).
+    pub async fn start(backend: Backend, settings: Settings) -> Option<Harness> {
+        let (store, clock, drop_schema): (SharedStore, _, _) = match backend {
+            Backend::Embedded => {
+                let clock = ManualClock::new(1_700_000_000_000);
+                let options = Options::default()
+                    .storage(Arc::new(FaultyStorage::new()))
+                    .clock(Arc::new(clock.clone()))
+                    .lease(LEASE)
+                    .max_value_bytes(64 * 1024);
+                let store = EmbeddedStore::open("/data", options).expect("open store");
+                (Arc::new(store), Some(clock), None)
+            }
+            Backend::Postgres => {
+                let url = database_url()?;
+                let schema = unique_schema();
+                let config = PgConfig::new(url.clone())
+                    .schema(schema.clone())
+                    .lease(LEASE);
+                let store = PgStore::connect(config)
+                    .await
+                    .expect("connect to PostgreSQL");
+                (Arc::new(store), None, Some((url, schema)))
+            }
+        };
+        let keys = ApiKeys::new(&[
+            (KEY_A.to_owned(), "acct_a".to_owned()),
+            (KEY_B.to_owned(), "acct_b".to_owned()),
+        ])
+        .expect("keys");
+        let config = AppConfig {
+            key_ttl: TTL,
+            lease: LEASE,
+            retry_after: Duration::from_secs(1),
+            max_body_bytes: 64 * 1024,
+            max_response_bytes: 64 * 1024,
+            fingerprint: FingerprintMode::CanonicalJson,
+            gateway_latency: settings.latency,
+            gateway_fail_after_charge: settings.fail_after_charge,
+            idempotency: true,
+        };
+        let app_state = App::new(Arc::clone(&store), keys, &config);
+        let router = app(&app_state);
+        Some(Harness {
+            store,
+            app: app_state,
+            router,
+            clock,
+            drop_schema,
+        })
+    }
+
+    /// Lets `d` pass for the store's clock.
+    pub async fn pass(&self, d: Duration) {
+        match &self.clock {
+            Some(clock) => clock.advance(d),
+            None => tokio::time::sleep(d).await,
+        }
+    }
+
+    pub async fn charges(&self) -> u64 {
+        self.app
+            .gateway
+            .charges_total()
+            .await
+            .expect("charge counter")
+    }
+
+    pub fn outcome(&self, outcome: Outcome) -> u64 {
+        self.app
+            .idempotency
+            .as_ref()
+            .map_or(0, |layer| layer.counts().get(outcome))
+    }
+
+    pub async fn send(&self, request: Request<Body>) -> Reply {
+        send(&self.router, request).await
+    }
+
+    pub async fn pay(&self, api_key: &str, idempotency_key: &str, body: &str) -> Reply {
+        self.send(payment(api_key, Some(idempotency_key), body))
+            .await
+    }
+
+    pub async fn get(&self, api_key: &str, path: &str) -> Reply {
+        let request = Request::get(path)
+            .header("authorization", format!("Bearer {api_key}"))
+            .body(Body::empty())
+            .expect("request");
+        self.send(request).await
+    }
+
+    /// Closes the store and drops the test's schema.
+    pub async fn finish(self) {
+        let _ = self.store.close().await;
+        if let Some((url, schema)) = self.drop_schema {
+            if let Ok((client, connection)) =
+                tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+            {
+                tokio::spawn(connection);
+                let _ = client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                    .await;
+            }
+        }
+    }
+}
+
+pub fn payment(api_key: &str, idempotency_key: Option<&str>, body: &str) -> Request<Body> {
+    let mut builder = Request::post("/payments")
+        .header("authorization", format!("Bearer {api_key}"))
+        .header("content-type", "application/json");
+    if let Some(key) = idempotency_key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_owned())).expect("request")
+}
+
+pub async fn send(router: &Router, request: Request<Body>) -> Reply {
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body")
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
