@@ -206,15 +206,15 @@ impl Harness {
     /// Closes the store and drops the test's schema.
     pub async fn finish(self) {
         let _ = self.store.close().await;
-        if let Some((url, schema)) = self.drop_schema {
-            if let Ok((client, connection)) =
-                tokio_postgres::connect(&url, tokio_postgres::NoTls).await
-            {
-                tokio::spawn(connection);
-                let _ = client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                    .await;
-            }
+        let Some((url, schema)) = self.drop_schema else {
+            return;
+        };
+        if let Ok((client, connection)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+        {
+            tokio::spawn(connection);
+            let _ = client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await;
         }
     }
 }
