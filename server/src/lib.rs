@@ -8,7 +8,9 @@
 //! - [`idempotency`]: the layer (key, fingerprint, claim/complete/release, replay);
 //! - [`payments`]: the handlers and the fake provider;
 //! - [`metrics`]: Prometheus text; [`problem`]: RFC 9457 errors; [`app`]: the router;
-//! - [`store_calls`]: whether engine calls run inline or on the blocking pool.
+//! - [`store_calls`]: whether engine calls run inline or on the blocking pool;
+//! - [`serve`]: HTTP/1.1 serving with header, body and idle timeouts, a connection cap and a bounded
+//!   graceful shutdown.
 
 #![warn(missing_docs)]
 
@@ -21,6 +23,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod payments;
 pub mod problem;
+pub mod serve;
 pub mod store_calls;
 
 pub use app::{App, AppConfig, app};
