@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | [`Limits::header_read_timeout`] | hyper's `http1::Builder::header_read_timeout` (with [`TokioTimer`]) | the connection is closed (no response) |
 //! | [`Limits::body_read_timeout`] | tower-http's [`RequestBodyTimeoutLayer`] | the body read fails; the idempotency layer answers 400 `body-unreadable` before claiming, hyper closes the connection |
-//! | [`Limits::idle_timeout`] | per-connection watchdog on I/O activity (see [`serve_connection`]) | graceful close; dropped if still silent one more period later |
+//! | [`Limits::idle_timeout`] | per-connection watchdog on socket activity (`serve_connection`) | graceful close; dropped if still silent one more period later |
 //! | [`Limits::max_connections`] | a [`Semaphore`] taken before `accept` | no `accept` while at the cap: clients wait in the listen backlog |
 //! | [`Limits::shutdown_grace`] | [`JoinSet`] of connection tasks, aborted at the deadline | lingering connections are closed |
 //!
