@@ -106,9 +106,33 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// How long shutdown waits for requests still running after their clients left.
+    /// How long shutdown waits, in each of its two phases: for open connections to finish their
+    /// requests (then lingering connections are closed), then for requests still running after
+    /// their clients left.
     #[arg(long, env = "IDEMLOG_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
+
+    /// How long a client has to send a complete request head (request line and headers), counted
+    /// from when the connection is accepted or finished its previous response; then the connection
+    /// is closed.
+    #[arg(long, env = "IDEMLOG_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
+
+    /// Longest wait for the next piece of a request body; then the request fails with a 4xx
+    /// before anything is claimed or charged, and the connection is closed.
+    #[arg(long, env = "IDEMLOG_BODY_READ_TIMEOUT", default_value = "15s", value_parser = parse_positive_duration)]
+    pub body_read_timeout: Duration,
+
+    /// A connection with no bytes read or written for this long is closed once its current
+    /// request (if any) is answered. Between HTTP/1.1 requests the --header-read-timeout already
+    /// runs, so an idle keep-alive connection is closed after the smaller of the two.
+    #[arg(long, env = "IDEMLOG_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_positive_duration)]
+    pub idle_timeout: Duration,
+
+    /// Most connections served at once; further clients wait in the listen backlog until one
+    /// closes. Keeps the process well below its file descriptor limit.
+    #[arg(long, env = "IDEMLOG_MAX_CONNECTIONS", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
 }
 
 /// `--durability`.
@@ -141,6 +165,17 @@ pub enum LogFormat {
 }
 
 impl Config {
+    /// The HTTP connection limits for these flags.
+    pub fn http_limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: self.max_connections as usize,
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+
     /// The engine's durability mode for these flags.
     pub fn engine_durability(&self) -> idemlog::Durability {
         match self.durability {
@@ -264,6 +299,53 @@ mod tests {
         assert_eq!(c.gateway_latency, Duration::from_millis(50));
         assert_eq!(c.gateway_fail_after_charge, 0);
         assert_eq!(c.idempotency, Switch::On);
+    }
+
+    #[test]
+    fn http_limits_default_to_payments_api_values() {
+        let c = Config::try_parse_from(["idemlog-server"]).expect("defaults parse");
+        assert_eq!(c.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.body_read_timeout, Duration::from_secs(15));
+        assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.max_connections, 4096);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        let limits = c.http_limits();
+        assert_eq!(limits.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(limits.body_read_timeout, Duration::from_secs(15));
+        assert_eq!(limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(limits.max_connections, 4096);
+        assert_eq!(limits.shutdown_grace, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn http_limits_take_flags_and_refuse_zero() {
+        let c = Config::try_parse_from([
+            "idemlog-server",
+            "--header-read-timeout",
+            "300ms",
+            "--body-read-timeout",
+            "2s",
+            "--idle-timeout",
+            "1m",
+            "--max-connections",
+            "8",
+        ])
+        .expect("parse");
+        assert_eq!(c.header_read_timeout, Duration::from_millis(300));
+        assert_eq!(c.body_read_timeout, Duration::from_secs(2));
+        assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.max_connections, 8);
+        for (flag, zero) in [
+            ("--header-read-timeout", "0ms"),
+            ("--body-read-timeout", "0s"),
+            ("--idle-timeout", "0s"),
+            ("--max-connections", "0"),
+        ] {
+            assert!(
+                Config::try_parse_from(["idemlog-server", flag, zero]).is_err(),
+                "{flag} {zero} should be refused"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! - [`backends`]: the embedded and PostgreSQL implementations of that interface;
 //! - [`payments`]: the handlers and the fake provider;
 //! - [`metrics`]: Prometheus text; [`problem`]: RFC 9457 errors; [`app`]: the router;
-//! - [`store_calls`]: whether engine calls run inline or on the blocking pool.
+//! - [`store_calls`]: whether engine calls run inline or on the blocking pool;
+//! - [`serve`]: HTTP/1.1 serving with header, body and idle timeouts, a connection cap and a bounded
+//!   graceful shutdown.
 
 #![warn(missing_docs)]
 
@@ -24,6 +26,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod payments;
 pub mod problem;
+pub mod serve;
 pub mod store_calls;
 
 pub use app::{App, AppConfig, app};

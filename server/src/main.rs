@@ -1,7 +1,8 @@
 //! The `idemlog-server` binary: parse flags, open the store, serve, shut down gracefully.
 //!
-//! Shutdown on SIGTERM or Ctrl-C: stop accepting, let requests in flight finish (including handlers
-//! whose clients already left), then close the store, which flushes and syncs the log.
+//! Shutdown on SIGTERM or Ctrl-C: stop accepting, let requests in flight finish (connections still
+//! open after `--shutdown-grace` are closed), wait up to `--shutdown-grace` again for handlers whose
+//! clients already left, then close the store, which flushes and syncs the log.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -145,12 +146,11 @@ async fn run(config: Config) -> Result<(), ServerError> {
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
     info!(%addr, "listening");
 
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
+    idemlog_server::serve::serve(listener, router, config.http_limits(), shutdown_signal())
         .await
         .map_err(ServerError::Serve)?;
 
-    info!("stopped accepting; connections drained");
+    info!("stopped accepting; connections closed");
     if let Some(layer) = &application.idempotency {
         let in_flight = layer.in_flight();
         if in_flight.count() > 0 {

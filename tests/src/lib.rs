@@ -434,3 +434,83 @@ pub fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) 
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+impl Server {
+    /// A raw TCP connection to the server, for tests that send partial requests.
+    pub fn connect_raw(&self) -> TcpStream {
+        let stream = TcpStream::connect(self.addr).expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        stream
+    }
+}
+
+/// Reads from `stream` until the server closes it (EOF or reset) or `limit` passes. Returns the
+/// bytes read and, if the server closed the connection, how long after the call that was.
+pub fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Duration>) {
+    let start = Instant::now();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    stream
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (bytes, Some(start.elapsed())),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            // Reset or aborted: closed as well.
+            Err(_) => return (bytes, Some(start.elapsed())),
+        }
+        if start.elapsed() >= limit {
+            return (bytes, None);
+        }
+    }
+}
+
+/// Reads one response from a keep-alive connection (one with a `Content-Length`), within `limit`.
+pub fn read_one_response(stream: &mut TcpStream, limit: Duration) -> Reply {
+    let deadline = Instant::now() + limit;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let reply = parse_response(&raw);
+            let len: usize = reply
+                .header("content-length")
+                .and_then(|v| v.parse().ok())
+                .expect("a keep-alive response with a Content-Length");
+            if raw.len() >= split + 4 + len {
+                return reply;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no complete response within {limit:?}: {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+        match stream.read(&mut buf) {
+            Ok(0) => panic!(
+                "connection closed mid-response: {:?}",
+                String::from_utf8_lossy(&raw)
+            ),
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => panic!("read failed: {e}"),
+        }
+    }
+}
