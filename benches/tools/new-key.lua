@@ -1,0 +1,25 @@
+-- wrk script: POST /payments with a new Idempotency-Key on every request (a per-thread random
+-- prefix and a counter), so every request claims, charges and completes.
+local counter = 0
+local prefix = ""
+local body = '{"amount": 100.00, "currency": "BRL"}'
+
+function setup(thread)
+  thread:set("prefix", string.format("%d-%d", math.random(1, 1000000000), os.time()))
+end
+
+function request()
+  counter = counter + 1
+  return wrk.format("POST", "/payments", {
+    ["Authorization"] = "Bearer bench-key",
+    ["Content-Type"] = "application/json",
+    ["Idempotency-Key"] = prefix .. "-" .. counter,
+  }, body)
+end
+
+function done(summary, latency, requests)
+  io.write(string.format("RESULT requests=%d duration_s=%.3f non2xx=%d errors=%d p50_ms=%.3f p99_ms=%.3f\n",
+    summary.requests, summary.duration / 1e6, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+end
