@@ -36,27 +36,39 @@ echo "postgres: $(psql "$DATABASE_URL" -Atc 'select version()' | cut -d, -f1);" 
   "shared_buffers=$(psql "$DATABASE_URL" -Atc 'show shared_buffers')"
 
 port=18400
-start_server() { # args... ; prints the port
+start_server() { # args... ; sets $port to the new server's port (not in a subshell: pids must stay)
   port=$((port + 1))
+  if curl -s "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then
+    echo "port $port is already in use" >&2; exit 1
+  fi
   RUST_LOG=warn "$bin" --listen "127.0.0.1:$port" --api-key bench-key=acct_bench \
     --gateway-latency 0ms "$@" >/dev/null 2>"$work/server-$port.log" &
   pids+=($!)
   for _ in $(seq 1 300); do
-    curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && { echo "$port"; return; }
+    curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return
     sleep 0.1
   done
   echo "server on $port did not start" >&2; cat "$work/server-$port.log" >&2; exit 1
 }
 
-embedded=$(start_server --data-dir "$work/data")
-pg_a=$(start_server --database-url "$DATABASE_URL" --database-schema bench)
-pg_b=$(start_server --database-url "$DATABASE_URL" --database-schema bench)
+start_server --data-dir "$work/data"; embedded=$port
+start_server --database-url "$DATABASE_URL" --database-schema bench; pg_a=$port
+start_server --database-url "$DATABASE_URL" --database-schema bench; pg_b=$port
+for p in $embedded $pg_a $pg_b; do
+  kill -0 "${pids[$((p - 18401))]}" || { echo "server on $p exited" >&2; exit 1; }
+done
+# A short warm-up of each server (page cache, pool connections), not recorded.
+for p in $embedded $pg_a $pg_b; do
+  wrk -t1 -c8 -d2s -s "$lua" "http://127.0.0.1:$p" -- "warm-$p" >/dev/null 2>&1
+done
 
+run_id=0
 run() { # label conns port...
   local label=$1 conns=$2; shift 2
   local n=$# per=$(( conns / $# )) out=()
   for p in "$@"; do
-    wrk -t1 -c"$per" -d"$duration" -s "$lua" "http://127.0.0.1:$p" >"$work/wrk-$p.txt" 2>&1 &
+    run_id=$((run_id + 1))
+    wrk -t1 -c"$per" -d"$duration" -s "$lua" "http://127.0.0.1:$p" -- "r$run_id-$p" >"$work/wrk-$p.txt" 2>&1 &
     out+=($!)
   done
   wait "${out[@]}"

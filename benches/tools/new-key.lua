@@ -4,8 +4,10 @@ local counter = 0
 local prefix = ""
 local body = '{"amount": 100.00, "currency": "BRL"}'
 
-function setup(thread)
-  thread:set("prefix", string.format("%d-%d", math.random(1, 1000000000), os.time()))
+-- The prefix comes from the command line (`wrk ... -- PREFIX`): two wrk processes started in the
+-- same second would otherwise draw the same keys from an unseeded generator.
+function init(args)
+  prefix = string.format("%s-%d", args[1] or "k", os.time())
 end
 
 function request()

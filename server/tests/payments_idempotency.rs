@@ -773,3 +773,30 @@ async fn with_the_layer_off_payments_are_still_served_and_recorded() {
     assert_eq!(t.get(KEY_A, &location).await.status, StatusCode::OK);
     assert_eq!(t.charges().await, 1);
 }
+
+#[tokio::test]
+async fn a_store_poisoned_behind_the_servers_back_is_reported_and_healed() {
+    let t = TestApp::new();
+    // A write that no request made (as the flusher or a compaction would) fails and poisons the
+    // engine: no failing request is there to notice it.
+    t.fs.fail_write_after(1);
+    let engine = t.store.engine().expect("store open");
+    let write = idemlog::SideWrite::put("test", "k", "v");
+    assert!(engine.side_write(&[write]).is_err());
+    assert!(engine.is_poisoned());
+    drop(engine);
+    let probe = t.get(KEY_A, "/readyz").await;
+    assert_eq!(probe.status, StatusCode::SERVICE_UNAVAILABLE, "{probe:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while t.get(KEY_A, "/readyz").await.status != StatusCode::OK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store did not heal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        t.pay(KEY_A, "order-1", BODY).await.status,
+        StatusCode::CREATED
+    );
+}

@@ -214,7 +214,7 @@ impl EmbeddedStore {
     }
 
     /// Takes the store out of service and starts the healer, unless one runs already.
-    fn start_healing(&self, cause: &idemlog::Error) {
+    fn start_healing(&self, cause: &dyn std::fmt::Display) {
         if self.shared.closed.load(Ordering::Acquire)
             || self.shared.healing.swap(true, Ordering::AcqRel)
         {
@@ -241,6 +241,11 @@ impl EmbeddedStore {
                 });
             }
         }
+    }
+
+    /// Starts healing a store found poisoned without a failing call to name the cause.
+    fn start_healing_poisoned(&self) {
+        self.start_healing(&"the store was poisoned by a background write (flusher or compaction)");
     }
 
     /// Closes the failed store and reopens the directory until that works.
@@ -477,9 +482,18 @@ impl IdempotencyStore for EmbeddedStore {
     }
 
     fn health(&self) -> Health {
-        if self.shared.current.read().is_some() {
+        let poisoned = match self.shared.current.read().as_ref() {
+            Some(opened) => opened.store.is_poisoned(),
+            None => true,
+        };
+        if !poisoned {
             Health::Ready
         } else {
+            // A background write (the flusher, a compaction) can poison the store while no request
+            // is in flight: a probe must see that, and start the healing a request would have.
+            if self.shared.current.read().is_some() {
+                self.start_healing_poisoned();
+            }
             Health::Unavailable(
                 self.shared
                     .reason

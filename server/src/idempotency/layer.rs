@@ -164,7 +164,21 @@ where
 
 enum BodyError {
     TooLarge,
+    /// The client stopped sending the body (the server's body-read timeout fired).
+    TimedOut,
     Unreadable(String),
+}
+
+/// True if `error` or anything it wraps is the body-read timeout of `tower_http`.
+fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, BodyError> {
@@ -178,6 +192,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(BodyError::TooLarge),
+        Err(e) if is_body_timeout(&*e) => Err(BodyError::TimedOut),
         Err(e) => Err(BodyError::Unreadable(e.to_string())),
     }
 }
@@ -223,6 +238,22 @@ where
             )
             .into_response();
         }
+        Err(BodyError::TimedOut) => {
+            counts.record(Outcome::BodyUnreadable);
+            info!(
+                scope = scope.as_str(),
+                key = key.as_str(),
+                "request body stalled past the body-read timeout: 408, nothing claimed"
+            );
+            return Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body not received in time",
+                "the request body stopped arriving; nothing was claimed or charged, so the request \
+                 may be retried with the same Idempotency-Key",
+            )
+            .into_response();
+        }
         Err(BodyError::Unreadable(e)) => {
             counts.record(Outcome::BodyUnreadable);
             info!(scope = scope.as_str(), key = key.as_str(), error = %e, "request body could not be read");
@@ -230,7 +261,7 @@ where
                 StatusCode::BAD_REQUEST,
                 "body-unreadable",
                 "Request body could not be read",
-                e,
+                "the request body could not be read; nothing was claimed or charged",
             )
             .into_response();
         }
