@@ -45,6 +45,26 @@ pub enum ClaimOutcome {
     Completed(StoredResponse),
     /// The key is held or completed with a different fingerprint.
     Mismatch,
+    /// The key is new and its scope already holds [`ClaimOptions::max_live_per_scope`] live
+    /// records: nothing was written. A place frees up in `retry_after` (when the scope's next record
+    /// stops counting).
+    QuotaExceeded {
+        /// Time until the scope's next live record stops counting (at least 1 ms).
+        retry_after: Duration,
+    },
+}
+
+/// Optional parts of a claim ([`crate::Store::claim_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClaimOptions<'a> {
+    /// An opaque blob stored with the record (in the log, never in memory) and shown by
+    /// [`crate::Store::get`] as [`crate::Record::request_digest`]; empty for none; at most 8 KiB.
+    pub request_digest: &'a [u8],
+    /// Refuse a claim of a *new* key (no record, or an expired one) while the scope already holds
+    /// this many live records ([`ClaimOutcome::QuotaExceeded`]). Replays, in-progress answers and
+    /// takeovers of live records are never refused. `None`: no limit. The count is exact under
+    /// concurrency; a record stops counting at most 1 s after it expires (see `quota.rs`).
+    pub max_live_per_scope: Option<u64>,
 }
 
 /// Proof of an acquired claim. It names the key and carries the fencing token; the store rejects it
@@ -60,6 +80,8 @@ pub struct ClaimToken {
     pub(crate) fingerprint: [u8; 32],
     pub(crate) created_at: u64,
     pub(crate) expires_at: u64,
+    /// The claim's request digest (empty: none), rewritten with every snapshot of the record.
+    pub(crate) digest: bytes::Bytes,
 }
 
 impl ClaimToken {

@@ -59,6 +59,7 @@ mod manifest;
 #[doc(hidden)]
 pub mod model;
 mod options;
+mod quota;
 mod read_only;
 mod record;
 mod recovery;
@@ -68,7 +69,7 @@ pub mod storage;
 mod store;
 mod verify;
 
-pub use claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+pub use claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, Takeover};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use compaction::CompactionReport;
 pub use dir_lock::LOCK_FILE;

@@ -16,6 +16,8 @@ pub struct Record {
     pub fence: u64,
     /// In progress or completed.
     pub state: RecordState,
+    /// The request digest the claim stored ([`crate::ClaimOptions::request_digest`]), if any.
+    pub request_digest: Option<bytes::Bytes>,
 }
 
 /// The two states a live record can be in.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::claim::{ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+use crate::claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, Takeover};
 use crate::clock::duration_ms;
 use crate::dir_lock;
 use crate::error::{Corruption, Error, Result};
@@ -29,6 +29,7 @@ use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::LogWriter;
 use crate::maintenance::Maintenance;
 use crate::options::{Durability, Options};
+use crate::quota::{Admit, ScopeCounts};
 use crate::record::{Record, RecordState};
 use crate::recovery::{self, RecoveryReport, Replay};
 use crate::response::StoredResponse;
@@ -54,6 +55,9 @@ pub(crate) struct Core {
     pub(crate) records: Sharded<Entry>,
     /// One shard: a completion's side writes to several keys commit under one lock.
     pub(crate) side: Sharded<SideEntry>,
+    /// Live records per scope, for [`ClaimOptions::max_live_per_scope`]. Lock order: a record
+    /// shard, then a scope shard.
+    pub(crate) scopes: ScopeCounts,
     pub(crate) next_fence: AtomicU64,
     pub(crate) closed: AtomicBool,
     pub(crate) report: RecoveryReport,
@@ -142,6 +146,7 @@ impl Store {
             recovered.active_len,
         ));
         let flusher = Flusher::start(&writer, options.durability);
+        let scopes = ScopeCounts::rebuild(&records, options.clock.now_ms());
         let core = Arc::new(Core {
             dir,
             lease_ms: duration_ms(options.lease),
@@ -150,6 +155,7 @@ impl Store {
             writer,
             records,
             side,
+            scopes,
             next_fence: AtomicU64::new(recovered.next_fence),
             closed: AtomicBool::new(false),
             report: recovered.report,
@@ -233,8 +239,25 @@ impl Store {
         fingerprint: &Fingerprint,
         ttl: Duration,
     ) -> Result<ClaimOutcome> {
+        self.claim_with(scope, key, fingerprint, ttl, &ClaimOptions::default())
+    }
+
+    /// [`Store::claim`], storing a request digest with the record and/or enforcing a per-scope
+    /// quota of live records (see [`ClaimOptions`]). A refused claim
+    /// ([`ClaimOutcome::QuotaExceeded`]) writes nothing.
+    pub fn claim_with(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+        options: &ClaimOptions<'_>,
+    ) -> Result<ClaimOutcome> {
         self.check_usable()?;
         limits::check_record_key(scope, key)?;
+        if options.request_digest.len() > op::MAX_DIGEST {
+            return Err(Error::InvalidArgument("request digest longer than 8 KiB"));
+        }
         let ttl_ms = duration_ms(ttl);
         if ttl_ms == 0 {
             return Err(Error::InvalidArgument("ttl must be at least 1 ms"));
@@ -287,6 +310,20 @@ impl Store {
                 Some(_) => Some(Takeover::Expired),
                 None => None,
             };
+            let expires_at = now.saturating_add(ttl_ms);
+            let admit = Admit {
+                replaces: seen.map(|e| e.expires_at),
+                new_key: takeover != Some(Takeover::LeaseExpired),
+                expires_at,
+            };
+            if let Err(wait_ms) = core
+                .scopes
+                .admit(scope, now, admit, options.max_live_per_scope)
+            {
+                return Ok(ClaimOutcome::QuotaExceeded {
+                    retry_after: Duration::from_millis(wait_ms),
+                });
+            }
             let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
             let op = Op::InProgress {
                 head: Head {
@@ -295,12 +332,19 @@ impl Store {
                     fingerprint: fingerprint.0,
                     fence,
                     created_at: now,
-                    expires_at: now.saturating_add(ttl_ms),
+                    expires_at,
+                    digest: options.request_digest,
                 },
                 lease_until: now.saturating_add(core.lease_ms),
             };
             let mut loc = [Loc::default()];
-            let appended = core.writer.append(&[op], &mut loc)?;
+            let appended = match core.writer.append(&[op], &mut loc) {
+                Ok(appended) => appended,
+                Err(e) => {
+                    core.scopes.undo(scope, admit);
+                    return Err(e);
+                }
+            };
             let deadline = self.lease_deadline();
             index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0], deadline);
             drop(map);
@@ -311,7 +355,8 @@ impl Store {
                 takeover,
                 fingerprint: fingerprint.0,
                 created_at: now,
-                expires_at: now.saturating_add(ttl_ms),
+                expires_at,
+                digest: Bytes::copy_from_slice(options.request_digest),
             }));
         }
     }
@@ -365,7 +410,7 @@ impl Store {
         let now = self.now();
         let hash = core.records.hash(&token.id);
         let mut map = core.records.shard(hash).lock();
-        held(map.get(hash, &token.id), token, now)?;
+        let entry = held(map.get(hash, &token.id), token, now)?;
         let (scope, key) = split_record_key(&token.id);
         let op = Op::Released {
             scope,
@@ -375,8 +420,15 @@ impl Store {
         let mut loc = [Loc::default()];
         let appended = core.writer.append(&[op], &mut loc)?;
         index::apply_record(&mut map, hash, &token.id, &op, loc[0], 0);
+        core.scopes.remove(scope, entry.expires_at);
         drop(map);
         core.writer.commit(appended)
+    }
+
+    /// Live records of `scope` as the quota counts them ([`ClaimOptions::max_live_per_scope`]): a
+    /// record stops counting at most 1 s after it expires. No scan: the count is kept per scope.
+    pub fn live_records(&self, scope: &[u8]) -> u64 {
+        self.core.scopes.live(scope, self.now())
     }
 
     /// Renews a held claim's lease (a heartbeat for long handlers); returns the new lease length.
@@ -581,6 +633,7 @@ pub(crate) fn record_at(file: &SegmentFile, entry: &Entry) -> Result<Record> {
         expires_at_ms: entry.expires_at,
         fence: entry.fence,
         state,
+        request_digest: stored.digest,
     })
 }
 
@@ -594,6 +647,7 @@ fn stored_record(file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
             created_at: head.created_at,
             lease_until,
             response: None,
+            digest: digest_of(&bytes, &head),
         }),
         Op::Completed {
             head,
@@ -603,6 +657,7 @@ fn stored_record(file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
             created_at: head.created_at,
             lease_until: 0,
             response: Some(op::response_from(&bytes, raw).map_err(|_| bad())?),
+            digest: digest_of(&bytes, &head),
         }),
         _ => Err(bad()),
     }
@@ -616,6 +671,12 @@ struct StoredRecord {
     /// used for decisions.
     lease_until: u64,
     response: Option<StoredResponse>,
+    digest: Option<Bytes>,
+}
+
+/// The request digest of a head decoded from `owner`, sharing its memory.
+fn digest_of(owner: &Bytes, head: &Head<'_>) -> Option<Bytes> {
+    (!head.digest.is_empty()).then(|| owner.slice_ref(head.digest))
 }
 
 impl Core {
@@ -635,6 +696,7 @@ impl Core {
     /// Removes records and side records whose TTL has passed from memory; returns how many.
     pub(crate) fn sweep(&self) -> usize {
         let now = self.options.clock.now_ms();
+        self.scopes.prune_all(now);
         // A chunk of slots at a time: the side records share one lock, and millions of them would
         // otherwise hold every completion up for tens of milliseconds at each sweep.
         self.records.retain_chunked(|e| e.is_live(now))
@@ -695,6 +757,7 @@ fn head_of<'a>(token: &'a ClaimToken, entry: &Entry) -> Head<'a> {
         fence: token.fence,
         created_at: token.created_at,
         expires_at: entry.expires_at,
+        digest: &token.digest,
     }
 }
 

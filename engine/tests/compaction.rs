@@ -32,6 +32,7 @@ fn dump(store: &Store) -> BTreeMap<String, Option<Record>> {
                 expires_at_ms: 0,
                 fence: 0,
                 state: idemlog::RecordState::Completed(idemlog::StoredResponse::new(0, v)),
+                request_digest: None,
             }),
         );
     }

@@ -38,6 +38,7 @@ fn concurrent_claims_of_the_same_keys_acquire_each_exactly_once() {
                         }
                         ClaimOutcome::InProgress { .. } | ClaimOutcome::Completed(_) => {}
                         ClaimOutcome::Mismatch => panic!("same fingerprint cannot mismatch"),
+                        ClaimOutcome::QuotaExceeded { .. } => panic!("no quota was set"),
                     }
                 }
             })

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `POST /payments` | Bearer | yes (unless `--idempotency off`) |
 //! | `GET /payments/{id}` | Bearer | no |
+//! | `GET /idempotency-keys/{key}` | Bearer | no (reads a key's status; changes nothing) |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | none | no |
 //!
 //! Every response carries `x-request-id` (the client's, or a fresh UUID), and every 5xx problem
@@ -25,6 +26,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tracing::debug;
 
 use crate::auth::{ApiKeys, require_account};
+use crate::idempotency::status::{KeyStatusState, key_status};
 use crate::idempotency::{
     FingerprintMode, Health, IdempotencyConfig, IdempotencyLayer, OutcomeCounts, SharedStore,
     persist_side_records,
@@ -59,6 +61,8 @@ pub struct AppConfig {
     pub gateway_fail_after_charge: u64,
     /// Whether `POST /payments` goes through the idempotency layer (off only for benchmarks).
     pub idempotency: bool,
+    /// Most live idempotency keys per account (0: no limit).
+    pub max_live_keys_per_account: u64,
 }
 
 /// Everything the router needs, built once.
@@ -74,6 +78,8 @@ pub struct App {
     pub idempotency: Option<IdempotencyLayer>,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// The `Retry-After` hint of a 409 (repeated by the key status route).
+    pub retry_after: Duration,
 }
 
 impl App {
@@ -93,6 +99,8 @@ impl App {
             layer_config.max_response_bytes = config.max_response_bytes;
             layer_config.fingerprint = config.fingerprint;
             layer_config.retry_after = config.retry_after;
+            layer_config.max_live_keys =
+                (config.max_live_keys_per_account > 0).then_some(config.max_live_keys_per_account);
             IdempotencyLayer::new(Arc::clone(&store), layer_config)
         });
         Self {
@@ -101,6 +109,7 @@ impl App {
             keys: Arc::new(keys),
             idempotency,
             max_body_bytes: config.max_body_bytes,
+            retry_after: config.retry_after,
         }
     }
 }
@@ -149,6 +158,13 @@ pub fn app(app: &App) -> Router {
         .route("/payments", create)
         .route("/payments/{id}", get(get_payment))
         .with_state(payments)
+        .route(
+            "/idempotency-keys/{key}",
+            get(key_status).with_state(KeyStatusState {
+                store: Arc::clone(&app.store),
+                retry_after: app.retry_after,
+            }),
+        )
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&app.keys),
             require_account,

@@ -71,6 +71,15 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_RETRY_AFTER", default_value = "1s", value_parser = parse_positive_duration)]
     pub retry_after: Duration,
 
+    /// Most live (unexpired) Idempotency-Keys per account: a request with a new key beyond it is a
+    /// 429 with `Retry-After` (until the account's next key expires). 0: no limit.
+    #[arg(
+        long,
+        env = "IDEMLOG_MAX_LIVE_KEYS_PER_ACCOUNT",
+        default_value_t = 1_000_000
+    )]
+    pub max_live_keys_per_account: u64,
+
     /// When a write must be on disk before the request is answered.
     #[arg(long, env = "IDEMLOG_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,

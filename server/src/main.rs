@@ -125,6 +125,7 @@ async fn run(config: Config) -> Result<(), ServerError> {
         gateway_latency: config.gateway_latency,
         gateway_fail_after_charge: config.gateway_fail_after_charge,
         idempotency: config.idempotency == Switch::On,
+        max_live_keys_per_account: config.max_live_keys_per_account,
     };
     let application = App::new(Arc::clone(&store), keys, &app_config);
     match application.gateway.charges_total().await {

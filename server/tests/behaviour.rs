@@ -292,7 +292,7 @@ async fn a_business_record_exists_exactly_when_its_key_completes(h: &Harness) {
             .claim("acct_a", "k1", &fp(2), TTL)
             .await
             .expect("claim"),
-        ClaimOutcome::Mismatch
+        ClaimOutcome::Mismatch { .. }
     ));
 }
 
@@ -316,4 +316,237 @@ async fn the_provider_dedups_and_counts_each_charge_once(h: &Harness) {
         InsertOnce::Existing(Bytes::from("first"))
     );
     assert_eq!(store.counter("charges_total").await.expect("counter"), 1);
+}
+
+// ---- Issue 13: key status, differing fields, per-account quota ----
+
+fn status_path(key: &str) -> String {
+    format!("/idempotency-keys/{key}")
+}
+
+on_every_backend!(the_status_of_a_completed_key_is_its_response_and_reading_it_changes_nothing);
+async fn the_status_of_a_completed_key_is_its_response_and_reading_it_changes_nothing(h: &Harness) {
+    let first = h.pay(KEY_A, "order-1", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let status = h.get(KEY_A, &status_path("order-1")).await;
+    assert_eq!(status.status, StatusCode::OK, "{status:?}");
+    assert_eq!(status.header("content-type"), Some("application/json"));
+    let body = status.json();
+    assert_eq!(body["key"], "order-1");
+    assert_eq!(body["state"], "completed");
+    assert_eq!(body["response_status"], 201);
+    assert_eq!(body["location"].as_str(), first.header("location"));
+    assert!(body.get("retry_after").is_none());
+    for field in ["created_at", "expires_at"] {
+        let at = body[field].as_str().expect(field);
+        assert!(
+            at.len() == 24 && at.ends_with('Z') && at.as_bytes()[10] == b'T',
+            "{at}"
+        );
+    }
+    assert!(body["created_at"].as_str() < body["expires_at"].as_str());
+    // Reading changed nothing: the replay is the stored response, nothing charged again.
+    let again = h.pay(KEY_A, "order-1", BODY).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(h.charges().await, 1);
+    // Another account, an unknown key: the same 404; no credentials: 401.
+    for (api_key, key) in [(KEY_B, "order-1"), (KEY_A, "never-used")] {
+        let missing = h.get(api_key, &status_path(key)).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND, "{missing:?}");
+        assert_eq!(
+            missing.header("content-type"),
+            Some("application/problem+json")
+        );
+    }
+    let anonymous = h
+        .send(
+            axum::http::Request::get(status_path("order-1"))
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    // An expired key is a 404 too.
+    h.pass(TTL + Duration::from_millis(200)).await;
+    assert_eq!(
+        h.get(KEY_A, &status_path("order-1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+on_every_backend!(the_status_path_names_the_key_as_stored_for_quoted_and_bare_headers);
+async fn the_status_path_names_the_key_as_stored_for_quoted_and_bare_headers(h: &Harness) {
+    assert_eq!(
+        h.pay(KEY_A, "\"quoted-1\"", BODY).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        h.pay(KEY_A, "a/b?c", BODY).await.status,
+        StatusCode::CREATED
+    );
+    let quoted = h.get(KEY_A, &status_path("quoted-1")).await;
+    assert_eq!(quoted.status, StatusCode::OK, "{quoted:?}");
+    assert_eq!(quoted.json()["key"], "quoted-1");
+    let encoded = h.get(KEY_A, &status_path("a%2Fb%3Fc")).await;
+    assert_eq!(encoded.status, StatusCode::OK, "{encoded:?}");
+    assert_eq!(encoded.json()["key"], "a/b?c");
+}
+
+on_every_backend!(the_status_of_a_running_key_never_extends_its_lease);
+async fn the_status_of_a_running_key_never_extends_its_lease(h: &Harness) {
+    let store = &h.store;
+    let ClaimOutcome::Acquired(first) = store
+        .claim("acct_a", "running", &fp(1), TTL)
+        .await
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    for _ in 0..3 {
+        let status = h.get(KEY_A, &status_path("running")).await;
+        assert_eq!(status.status, StatusCode::OK, "{status:?}");
+        let body = status.json();
+        assert_eq!(body["state"], "in_progress");
+        assert_eq!(body["retry_after"], 1);
+        assert!(body.get("response_status").is_none());
+        h.pass(LEASE / 4).await;
+    }
+    h.pass(LEASE / 4 + Duration::from_millis(200)).await;
+    // The lease ran out on schedule: the reads did not renew it.
+    let ClaimOutcome::Acquired(winner) = store
+        .claim("acct_a", "running", &fp(1), TTL)
+        .await
+        .expect("claim")
+    else {
+        panic!("the lease was not extended by the status reads");
+    };
+    assert_eq!(winner.takeover, Some(Takeover::LeaseExpired));
+    assert!(winner.fence > first.fence);
+}
+
+on_every_backend!(a_reused_key_422_names_the_differing_fields_and_no_values);
+async fn a_reused_key_422_names_the_differing_fields_and_no_values(h: &Harness) {
+    assert_eq!(
+        h.pay(KEY_A, "order-1", BODY).await.status,
+        StatusCode::CREATED
+    );
+    let cases: [(&str, &[&str]); 3] = [
+        (r#"{"amount": 250.00, "currency": "BRL"}"#, &["/amount"]),
+        (
+            r#"{"amount": 7, "currency": "USD"}"#,
+            &["/amount", "/currency"],
+        ),
+        (
+            r#"{"amount": 100, "currency": "BRL", "note": "x"}"#,
+            &["/note"],
+        ),
+    ];
+    for (body, expected) in cases {
+        let reply = h.pay(KEY_A, "order-1", body).await;
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{reply:?}");
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
+        let json = reply.json();
+        assert_eq!(
+            json["differing_fields"],
+            serde_json::json!(expected),
+            "{body}"
+        );
+        let text = String::from_utf8_lossy(&reply.body);
+        assert!(!text.contains("250") && !text.contains("USD"), "{text}");
+    }
+    // A member that disappeared is named from the stored side.
+    let reply = h.pay(KEY_A, "order-1", r#"{"amount": 100}"#).await;
+    assert_eq!(
+        reply.json()["differing_fields"],
+        serde_json::json!(["/currency"])
+    );
+    // Query and content type; a body that is no longer JSON is compared whole ("").
+    let request = axum::http::Request::post("/payments?x=1")
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("content-type", "text/plain")
+        .header("idempotency-key", "order-1")
+        .body(axum::body::Body::from(BODY))
+        .expect("request");
+    let reply = h.send(request).await;
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        reply.json()["differing_fields"],
+        serde_json::json!(["", "content-type", "query"])
+    );
+    assert_eq!(h.charges().await, 1);
+    assert_eq!(h.outcome(Outcome::Mismatch), 5);
+}
+
+on_every_backend!(
+    a_new_key_over_the_account_quota_is_429_and_the_quota_frees_itself,
+    Settings {
+        max_live_keys: 2,
+        ..Settings::default()
+    }
+);
+async fn a_new_key_over_the_account_quota_is_429_and_the_quota_frees_itself(h: &Harness) {
+    for key in ["k1", "k2"] {
+        assert_eq!(h.pay(KEY_A, key, BODY).await.status, StatusCode::CREATED);
+    }
+    let refused = h.pay(KEY_A, "k3", BODY).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{refused:?}");
+    assert_eq!(
+        refused.header("content-type"),
+        Some("application/problem+json")
+    );
+    let wait: u64 = refused
+        .header("retry-after")
+        .expect("retry-after")
+        .parse()
+        .expect("seconds");
+    assert!((1..=2).contains(&wait), "{wait}");
+    assert_eq!(h.charges().await, 2, "nothing charged");
+    assert_eq!(h.outcome(Outcome::QuotaExceeded), 1);
+    assert_eq!(
+        h.get(KEY_A, &status_path("k3")).await.status,
+        StatusCode::NOT_FOUND,
+        "nothing claimed"
+    );
+    // Existing keys still replay and report; other accounts are unaffected.
+    assert!(h.pay(KEY_A, "k1", BODY).await.replayed());
+    assert_eq!(
+        h.get(KEY_A, &status_path("k2")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(h.pay(KEY_B, "k3", BODY).await.status, StatusCode::CREATED);
+    // The account's keys expire: the quota frees itself.
+    h.pass(TTL + Duration::from_millis(1100)).await;
+    assert_eq!(h.pay(KEY_A, "k3", BODY).await.status, StatusCode::CREATED);
+}
+
+on_every_backend!(
+    concurrent_new_keys_at_the_quota_admit_exactly_the_quota,
+    Settings {
+        max_live_keys: 5,
+        ..Settings::default()
+    }
+);
+async fn concurrent_new_keys_at_the_quota_admit_exactly_the_quota(h: &Harness) {
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let router = h.router.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&router, payment(KEY_A, Some(&format!("c{i}")), BODY)).await
+        }));
+    }
+    let (mut created, mut refused) = (0, 0);
+    for task in tasks {
+        let reply = task.await.expect("task");
+        match reply.status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("unexpected {other}: {reply:?}"),
+        }
+    }
+    assert_eq!((created, refused), (5, 11));
+    assert_eq!(h.charges().await, 5);
 }

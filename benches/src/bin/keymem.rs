@@ -14,7 +14,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use idemlog::{ClaimOutcome, Durability, Fingerprint, Options, Store};
+use idemlog::{ClaimOptions, ClaimOutcome, Durability, Fingerprint, Options, Store};
 use idemlog_benches::{Flags, KEY_LEN, Rss, SCOPE, ScratchDir, TTL, item, stored_response};
 
 struct Counting;
@@ -67,7 +67,22 @@ fn main() {
     let mut flags =
         Flags::parse("Index memory per live key (counting allocator and RssAnon delta).");
     let keys: u64 = flags.num("keys", "1000000", "live keys to write");
+    let digest_len: u64 = flags.num(
+        "digest",
+        "0",
+        "bytes of request digest stored per key (the server's for a two-member JSON body: 80)",
+    );
+    let quota: u64 = flags.num(
+        "quota",
+        "0",
+        "per-scope live-key quota to claim under (0: none; the count is kept either way)",
+    );
     flags.finish();
+    let digest = vec![0x5au8; digest_len as usize];
+    let claim_options = ClaimOptions {
+        request_digest: &digest,
+        max_live_per_scope: (quota > 0).then_some(quota),
+    };
 
     let dir = ScratchDir::new("keymem");
     let options = Options::default()
@@ -84,7 +99,13 @@ fn main() {
     for i in 0..keys {
         let it = item(i);
         match store
-            .claim(SCOPE, &it.key, &Fingerprint(it.fingerprint), TTL)
+            .claim_with(
+                SCOPE,
+                &it.key,
+                &Fingerprint(it.fingerprint),
+                TTL,
+                &claim_options,
+            )
             .expect("claim")
         {
             ClaimOutcome::Acquired(token) => {
@@ -104,7 +125,9 @@ fn main() {
     let per_key = |bytes: i64| bytes as f64 / keys as f64;
     let heap = heap_after - heap_before;
     let anon = rss_after.anon as i64 - rss_before.anon as i64;
-    println!("keys written              {keys} (claim + complete, 200-byte body)");
+    println!(
+        "keys written              {keys} (claim + complete, 200-byte body, {digest_len}-byte request digest, quota {quota})"
+    );
     println!(
         "key / scope / index id    {KEY_LEN} / {} / {id_len} bytes",
         SCOPE.len()
@@ -131,8 +154,9 @@ fn main() {
         idemlog_benches::mib(rss_after.total)
     );
     println!(
-        "disk                      {}",
-        idemlog_benches::mib(stats.disk_bytes)
+        "disk                      {} = {:.1} bytes per key",
+        idemlog_benches::mib(stats.disk_bytes),
+        stats.disk_bytes as f64 / keys as f64
     );
     store.close().expect("close");
 }

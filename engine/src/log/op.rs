@@ -13,6 +13,8 @@
 //! 0x04 side put     namespace:b8 key:b16 expires:u64 value:b32       (expires u64::MAX = never)
 //! 0x05 side remove  namespace:b8 key:b16
 //! 0x06 fence floor  next_fence:u64
+//! 0x07 in progress, with request digest: as 0x01, then digest:b16
+//! 0x08 completed, with request digest:   as 0x02 up to expires, then digest:b16, then response
 //! response  := status:u16 header_count:u16 (name:b8 value:b16)* body:b32
 //! bN        := length as uN, then that many bytes
 //! ```
@@ -28,6 +30,13 @@ const RELEASED: u8 = 0x03;
 const SIDE_PUT: u8 = 0x04;
 const SIDE_REMOVE: u8 = 0x05;
 const FENCE_FLOOR: u8 = 0x06;
+/// In progress with a request digest (`digest:b16` after the head).
+const IN_PROGRESS_DIGEST: u8 = 0x07;
+/// Completed with a request digest (`digest:b16` after the head, before the response).
+const COMPLETED_DIGEST: u8 = 0x08;
+
+/// Longest request digest a record carries (the server's per-member digests of a request).
+pub(crate) const MAX_DIGEST: usize = 8 * 1024;
 
 /// `expires_at` of a side record that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;
@@ -41,6 +50,9 @@ pub(crate) struct Head<'a> {
     pub(crate) fence: u64,
     pub(crate) created_at: u64,
     pub(crate) expires_at: u64,
+    /// The caller's request digest (empty: none). Written with tags 0x07/0x08 when present, so
+    /// records without one keep the original encoding.
+    pub(crate) digest: &'a [u8],
 }
 
 /// A response either as a value to encode or as the encoded bytes found in the log.
@@ -97,7 +109,12 @@ impl From<DecodeError> for OpError {
 const HEAD_FIXED: usize = 1 + 1 + 32 + 8 + 8 + 8;
 
 fn head_len(head: &Head<'_>) -> usize {
-    HEAD_FIXED + head.scope.len() + head.key.len()
+    let digest = if head.digest.is_empty() {
+        0
+    } else {
+        2 + head.digest.len()
+    };
+    HEAD_FIXED + head.scope.len() + head.key.len() + digest
 }
 
 fn response_len(response: &Response<'_>) -> usize {
@@ -138,12 +155,20 @@ impl Op<'_> {
         let mut e = Encoder::new(buf);
         match self {
             Op::InProgress { head, lease_until } => {
-                e.u8(IN_PROGRESS);
+                e.u8(if head.digest.is_empty() {
+                    IN_PROGRESS
+                } else {
+                    IN_PROGRESS_DIGEST
+                });
                 encode_head(&mut e, head);
                 e.u64(*lease_until);
             }
             Op::Completed { head, response } => {
-                e.u8(COMPLETED);
+                e.u8(if head.digest.is_empty() {
+                    COMPLETED
+                } else {
+                    COMPLETED_DIGEST
+                });
                 encode_head(&mut e, head);
                 match response {
                     Response::Encoded(raw) => e.raw(raw),
@@ -188,6 +213,9 @@ fn encode_head(e: &mut Encoder<'_>, head: &Head<'_>) {
     e.u64(head.fence);
     e.u64(head.created_at);
     e.u64(head.expires_at);
+    if !head.digest.is_empty() {
+        e.bytes16(head.digest);
+    }
 }
 
 fn encode_response(e: &mut Encoder<'_>, r: &StoredResponse) {
@@ -210,16 +238,25 @@ fn record_id<'a>(d: &mut Decoder<'a>) -> Result<(&'a [u8], &'a [u8]), OpError> {
     Ok((scope, key))
 }
 
-fn decode_head<'a>(d: &mut Decoder<'a>) -> Result<Head<'a>, OpError> {
+/// The head of a record operation; `with_digest` for tags 0x07 and 0x08.
+fn decode_head<'a>(d: &mut Decoder<'a>, with_digest: bool) -> Result<Head<'a>, OpError> {
     let (scope, key) = record_id(d)?;
-    Ok(Head {
+    let mut head = Head {
         scope,
         key,
         fingerprint: d.fixed()?,
         fence: d.u64()?,
         created_at: d.u64()?,
         expires_at: d.u64()?,
-    })
+        digest: &[],
+    };
+    if with_digest {
+        head.digest = d.bytes16()?;
+        if head.digest.is_empty() || head.digest.len() > MAX_DIGEST {
+            return Err(OpError::Malformed("request digest empty or too long"));
+        }
+    }
+    Ok(head)
 }
 
 /// Walks an encoded response, checking its structure, and returns its bytes.
@@ -270,12 +307,12 @@ pub(crate) fn decode_all(payload: &[u8]) -> Result<Vec<(usize, usize, Op<'_>)>, 
 fn decode_one<'a>(d: &mut Decoder<'a>, whole: &'a [u8]) -> Result<Op<'a>, OpError> {
     let tag = d.u8()?;
     Ok(match tag {
-        IN_PROGRESS => Op::InProgress {
-            head: decode_head(d)?,
+        IN_PROGRESS | IN_PROGRESS_DIGEST => Op::InProgress {
+            head: decode_head(d, tag == IN_PROGRESS_DIGEST)?,
             lease_until: d.u64()?,
         },
-        COMPLETED => Op::Completed {
-            head: decode_head(d)?,
+        COMPLETED | COMPLETED_DIGEST => Op::Completed {
+            head: decode_head(d, tag == COMPLETED_DIGEST)?,
             response: Response::Encoded(decode_response_extent(d, whole)?),
         },
         RELEASED => {
@@ -348,6 +385,7 @@ mod tests {
             fence: 9,
             created_at: 1_000,
             expires_at: 2_000,
+            digest: &[],
         }
     }
 
@@ -403,6 +441,48 @@ mod tests {
             key: b"k",
         });
         round_trip(Op::FenceFloor { next_fence: 3 });
+    }
+
+    #[test]
+    fn a_request_digest_round_trips_and_changes_only_the_tag_and_head() {
+        let with = Head {
+            digest: b"\x01digest-bytes",
+            ..head()
+        };
+        let plain = round_trip(Op::InProgress {
+            head: head(),
+            lease_until: 5,
+        });
+        assert_eq!(plain[0], IN_PROGRESS, "no digest: the original encoding");
+        let buf = round_trip(Op::InProgress {
+            head: with,
+            lease_until: 5,
+        });
+        assert_eq!(buf[0], IN_PROGRESS_DIGEST);
+        let Op::InProgress {
+            head: h,
+            lease_until,
+        } = decode_at(&buf).unwrap()
+        else {
+            panic!("wrong op");
+        };
+        assert_eq!((h, lease_until), (with, 5));
+        let response = StoredResponse::new(201, &b"{}"[..]);
+        let buf = round_trip(Op::Completed {
+            head: with,
+            response: Response::Value(&response),
+        });
+        assert_eq!(buf[0], COMPLETED_DIGEST);
+        let owner = Bytes::from(buf);
+        let Op::Completed {
+            head: h,
+            response: Response::Encoded(raw),
+        } = decode_at(&owner).unwrap()
+        else {
+            panic!("wrong op");
+        };
+        assert_eq!(h, with);
+        assert_eq!(response_from(&owner, raw).unwrap(), response);
     }
 
     #[test]

@@ -31,8 +31,8 @@ use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
 use crate::idempotency::store::{
-    ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore, InsertOnce,
-    KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
+    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore,
+    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
 };
 use crate::store_calls::StoreCalls;
 
@@ -348,32 +348,49 @@ fn lossy(bytes: &[u8]) -> String {
 
 #[async_trait]
 impl IdempotencyStore for EmbeddedStore {
-    async fn claim(
+    async fn claim_with(
         &self,
         scope: &str,
         key: &str,
         fingerprint: &Fingerprint,
         ttl: Duration,
+        extras: &ClaimExtras,
     ) -> Result<ClaimOutcome, StoreError> {
         let (scope, key, fp) = (scope.to_owned(), key.to_owned(), *fingerprint);
+        let extras = extras.clone();
         self.call(move |o| {
-            Ok(
-                match o.store.claim(scope.as_bytes(), key.as_bytes(), &fp, ttl)? {
-                    idemlog::ClaimOutcome::Acquired(token) => ClaimOutcome::Acquired(ClaimToken {
-                        scope: lossy(token.scope()),
-                        key: lossy(token.key()),
-                        fence: token.fence(),
-                        takeover: token.takeover(),
-                        expires_at_ms: token.expires_at_ms(),
-                        handle: Some(Arc::new(token)),
-                    }),
-                    idemlog::ClaimOutcome::InProgress { retry_after } => ClaimOutcome::InProgress {
-                        lease_left: retry_after,
-                    },
-                    idemlog::ClaimOutcome::Completed(stored) => ClaimOutcome::Completed(stored),
-                    idemlog::ClaimOutcome::Mismatch => ClaimOutcome::Mismatch,
+            let options = idemlog::ClaimOptions {
+                request_digest: extras.request_digest.as_deref().unwrap_or_default(),
+                max_live_per_scope: extras.max_live_keys,
+            };
+            let (scope, key) = (scope.as_bytes(), key.as_bytes());
+            Ok(match o.store.claim_with(scope, key, &fp, ttl, &options)? {
+                idemlog::ClaimOutcome::Acquired(token) => ClaimOutcome::Acquired(ClaimToken {
+                    scope: lossy(token.scope()),
+                    key: lossy(token.key()),
+                    fence: token.fence(),
+                    takeover: token.takeover(),
+                    expires_at_ms: token.expires_at_ms(),
+                    handle: Some(Arc::new(token)),
+                }),
+                idemlog::ClaimOutcome::InProgress { retry_after } => ClaimOutcome::InProgress {
+                    lease_left: retry_after,
                 },
-            )
+                idemlog::ClaimOutcome::Completed(stored) => ClaimOutcome::Completed(stored),
+                // The engine answers a mismatch from memory when it can; the digest is in the
+                // log, read only for this (rare) answer. The record may have changed in
+                // between: the digest is then that of the record there now, as good a
+                // comparison for the client.
+                idemlog::ClaimOutcome::Mismatch => ClaimOutcome::Mismatch {
+                    request_digest: o
+                        .store
+                        .get(scope, key)?
+                        .and_then(|record| record.request_digest),
+                },
+                idemlog::ClaimOutcome::QuotaExceeded { retry_after } => {
+                    ClaimOutcome::QuotaExceeded { retry_after }
+                }
+            })
         })
         .await
     }
@@ -423,6 +440,7 @@ impl IdempotencyStore for EmbeddedStore {
             Ok(Some(KeyRecord {
                 fingerprint: record.fingerprint,
                 fence: record.fence,
+                created_at_ms: record.created_at_ms,
                 expires_at_ms: record.expires_at_ms,
                 state,
             }))

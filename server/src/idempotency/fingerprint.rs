@@ -199,7 +199,7 @@ impl<'de> Visitor<'de> for DuplicateVisitor {
 }
 
 /// True for `application/json` and `application/*+json`.
-fn is_json(headers: &HeaderMap) -> bool {
+pub fn is_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };

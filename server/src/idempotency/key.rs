@@ -78,6 +78,12 @@ pub fn parse(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
         Some(b'"') => unquote(raw)?,
         _ => raw.to_vec(),
     };
+    validate(key)
+}
+
+/// A stored key as it is, already unquoted (the `{key}` of `GET /idempotency-keys/{key}`, after
+/// percent-decoding): the same checks as a header value, without the quoting rules.
+pub fn validate(key: Vec<u8>) -> Result<IdempotencyKey, KeyError> {
     if key.is_empty() {
         return Err(KeyError::Empty);
     }

@@ -39,6 +39,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use super::catch_panic::{self, CatchPanic};
 use super::finish_on_drop::FinishOnDrop;
 
+use super::digest;
 use super::fingerprint::{self, FingerprintMode, fingerprint};
 use super::in_flight::InFlight;
 use super::key::{self, IdempotencyKey};
@@ -46,7 +47,7 @@ use super::outcome::{Outcome, OutcomeCounts};
 use super::replay;
 use super::side_records::SideRecords;
 use super::store::{
-    ClaimOutcome, ClaimToken, Fingerprint, KeyState, SharedStore, StoreError, Takeover,
+    ClaimExtras, ClaimOutcome, ClaimToken, Fingerprint, KeyState, SharedStore, StoreError, Takeover,
 };
 use super::{ClaimInfo, Scope};
 use crate::problem::Problem;
@@ -68,6 +69,9 @@ pub struct IdempotencyConfig {
     /// The `Retry-After` hint of a 409: a short wait, never more than the lease has left. Handlers
     /// take milliseconds; telling a client to wait out a 30 s lease would be needlessly slow.
     pub retry_after: Duration,
+    /// Most live keys per scope (account): a request with a new key beyond it is a 429. `None`: no
+    /// limit.
+    pub max_live_keys: Option<u64>,
 }
 
 impl IdempotencyConfig {
@@ -81,6 +85,7 @@ impl IdempotencyConfig {
             fingerprint: FingerprintMode::CanonicalJson,
             heartbeat: Some((lease / 3).max(Duration::from_millis(1))),
             retry_after: Duration::from_secs(1),
+            max_live_keys: None,
         }
     }
 }
@@ -298,6 +303,14 @@ where
         &parts.headers,
         &bytes,
     );
+    let request_digest = digest::request_digest(
+        shared.config.fingerprint,
+        &parts.method,
+        uri.path(),
+        uri.query(),
+        &parts.headers,
+        &bytes,
+    );
     parts.extensions.insert(key.clone());
     let request = Request::from_parts(parts, Body::from(bytes));
 
@@ -306,7 +319,7 @@ where
     let work = FinishOnDrop::new(
         async move {
             let _guard = guard;
-            run(shared, inner, scope, key, fp, request).await
+            run(shared, inner, scope, key, fp, request_digest, request).await
         }
         .instrument(span),
     );
@@ -329,6 +342,7 @@ async fn run<S>(
     scope: Scope,
     key: IdempotencyKey,
     fp: Fingerprint,
+    request_digest: Bytes,
     request: Request,
 ) -> Response
 where
@@ -338,9 +352,13 @@ where
 {
     let counts = &shared.counts;
     let ttl = shared.config.key_ttl;
+    let extras = ClaimExtras {
+        request_digest: Some(request_digest.clone()),
+        max_live_keys: shared.config.max_live_keys,
+    };
     let claimed = shared
         .store
-        .claim(scope.as_str(), key.as_str(), &fp, ttl)
+        .claim_with(scope.as_str(), key.as_str(), &fp, ttl, &extras)
         .await;
     match claimed {
         Err(e) => store_failure(counts, "claim", &e),
@@ -362,16 +380,42 @@ where
             );
             in_progress(hint)
         }
-        Ok(ClaimOutcome::Mismatch) => {
+        Ok(ClaimOutcome::Mismatch {
+            request_digest: stored,
+        }) => {
             counts.record(Outcome::Mismatch);
-            info!("key reused for a different request: 422");
-            Problem::new(
+            let fields = stored.and_then(|s| digest::differing_fields(&s, &request_digest));
+            info!(differing_fields = ?fields, "key reused for a different request: 422");
+            let problem = Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
                 "Idempotency-Key reused for a different request",
                 "this Idempotency-Key was already used with another method, path, query, \
                  content type or body; use a new key for a new request",
+            );
+            match fields {
+                Some(fields) => with_member(&problem, "differing_fields", fields.into()),
+                None => problem.into_response(),
+            }
+        }
+        Ok(ClaimOutcome::QuotaExceeded { retry_after }) => {
+            counts.record(Outcome::QuotaExceeded);
+            let seconds = retry_after.as_millis().div_ceil(1000).max(1) as u64;
+            info!(
+                retry_after_s = seconds,
+                "account holds its limit of live keys: 429"
+            );
+            Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "idempotency-key-quota-exceeded",
+                "Too many live Idempotency-Keys for this account",
+                format!(
+                    "this account already holds its limit of live idempotency keys; a place frees \
+                     up when one expires, in {seconds} s (nothing was claimed or charged; \
+                     replays of existing keys still work)"
+                ),
             )
+            .retry_after(seconds)
             .into_response()
         }
         Ok(ClaimOutcome::Acquired(token)) => {
@@ -390,6 +434,17 @@ where
 pub fn retry_after_hint(hint: Duration, lease_left: Duration) -> u64 {
     let seconds = |d: Duration| d.as_millis().div_ceil(1000).max(1) as u64;
     seconds(hint).min(seconds(lease_left))
+}
+
+/// A problem response with one more member in its body (RFC 9457 extension members).
+fn with_member(problem: &Problem, name: &str, value: serde_json::Value) -> Response {
+    let mut body: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&problem.body()).unwrap_or_default();
+    body.insert(name.to_owned(), value);
+    let mut response = problem.clone().into_response();
+    *response.body_mut() = Body::from(serde_json::to_vec(&body).unwrap_or_default());
+    response.headers_mut().remove(CONTENT_LENGTH);
+    response
 }
 
 /// The 409 for a key whose request is still running.

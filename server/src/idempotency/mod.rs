@@ -17,6 +17,7 @@
 //! the business record exists exactly when the key is completed.
 
 mod catch_panic;
+pub mod digest;
 pub mod fingerprint;
 mod finish_on_drop;
 mod in_flight;
@@ -25,6 +26,7 @@ mod layer;
 mod outcome;
 pub mod replay;
 mod side_records;
+pub mod status;
 pub mod store;
 
 pub use fingerprint::FingerprintMode;
@@ -34,8 +36,8 @@ pub use layer::{IdempotencyConfig, IdempotencyLayer, Idempotent};
 pub use outcome::{Outcome, OutcomeCounts};
 pub use side_records::{SideRecords, persist_side_records};
 pub use store::{
-    ClaimOutcome, ClaimToken, Expiry, Gauge, Health, IdempotencyStore, InsertOnce, KeyRecord,
-    KeyState, RecordWrite, SharedStore, StoreError,
+    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Gauge, Health, IdempotencyStore, InsertOnce,
+    KeyRecord, KeyState, RecordWrite, SharedStore, StoreError,
 };
 
 use std::sync::Arc;

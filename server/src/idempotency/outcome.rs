@@ -36,11 +36,14 @@ pub enum Outcome {
     Unauthenticated,
     /// `store_error`: the store failed (poisoned, full disk, closed) → 503.
     StoreError,
+    /// `quota_exceeded`: a new key from an account that already holds its limit of live keys →
+    /// 429; nothing was claimed.
+    QuotaExceeded,
 }
 
 impl Outcome {
     /// Every outcome, in the order metrics list them.
-    pub const ALL: [Outcome; 13] = [
+    pub const ALL: [Outcome; 14] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Replayed,
@@ -54,6 +57,7 @@ impl Outcome {
         Outcome::BodyUnreadable,
         Outcome::Unauthenticated,
         Outcome::StoreError,
+        Outcome::QuotaExceeded,
     ];
 
     /// The metric label value.
@@ -72,6 +76,7 @@ impl Outcome {
             Outcome::BodyUnreadable => "body_unreadable",
             Outcome::Unauthenticated => "unauthenticated",
             Outcome::StoreError => "store_error",
+            Outcome::QuotaExceeded => "quota_exceeded",
         }
     }
 

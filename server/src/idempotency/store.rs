@@ -73,7 +73,29 @@ pub enum ClaimOutcome {
     /// The key was completed with the same fingerprint: replay this response.
     Completed(StoredResponse),
     /// The key is held or completed with a different fingerprint.
-    Mismatch,
+    Mismatch {
+        /// The request digest stored with the key's record ([`ClaimExtras::request_digest`]), if
+        /// it has one: the layer compares it with the new request's to name the differing fields.
+        request_digest: Option<Bytes>,
+    },
+    /// The key is new and the scope already holds [`ClaimExtras::max_live_keys`] live keys:
+    /// nothing was claimed or written.
+    QuotaExceeded {
+        /// Time until the scope's next live key expires (at least 1 ms).
+        retry_after: Duration,
+    },
+}
+
+/// The optional parts of a claim ([`IdempotencyStore::claim_with`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimExtras {
+    /// Stored with the record (never in memory): the per-member digests of the request, returned
+    /// by a later [`ClaimOutcome::Mismatch`]. At most 8 KiB.
+    pub request_digest: Option<Bytes>,
+    /// A claim of a *new* key (none, or only an expired one) is refused with
+    /// [`ClaimOutcome::QuotaExceeded`] while the scope holds this many live keys. Exact under
+    /// concurrency (across processes, for a shared backend); `None`: no limit.
+    pub max_live_keys: Option<u64>,
 }
 
 /// The state of one key, as [`IdempotencyStore::get`] reports it.
@@ -83,6 +105,8 @@ pub struct KeyRecord {
     pub fingerprint: Fingerprint,
     /// The claim's fencing token.
     pub fence: u64,
+    /// When the key was claimed (ms since the Unix epoch, backend clock).
+    pub created_at_ms: u64,
     /// When the record stops counting (ms since the Unix epoch, backend clock).
     pub expires_at_ms: u64,
     /// In progress or completed.
@@ -223,14 +247,28 @@ impl StoreError {
 /// The interface of an idempotency store backend (see the module docs for the guarantees).
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
-    /// Atomically claims `(scope, key)` for a request with this fingerprint, for `ttl`.
+    /// Atomically claims `(scope, key)` for a request with this fingerprint, for `ttl`; stores
+    /// `extras.request_digest` with the record, and refuses a new key over `extras.max_live_keys`.
+    async fn claim_with(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+        extras: &ClaimExtras,
+    ) -> Result<ClaimOutcome, StoreError>;
+
+    /// [`IdempotencyStore::claim_with`] without a digest or a quota.
     async fn claim(
         &self,
         scope: &str,
         key: &str,
         fingerprint: &Fingerprint,
         ttl: Duration,
-    ) -> Result<ClaimOutcome, StoreError>;
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_with(scope, key, fingerprint, ttl, &ClaimExtras::default())
+            .await
+    }
 
     /// Completes a held claim: stores `response` and writes `records` in one atomic step.
     async fn complete(

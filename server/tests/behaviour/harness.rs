@@ -35,6 +35,8 @@ pub enum Backend {
 pub struct Settings {
     pub latency: Duration,
     pub fail_after_charge: u64,
+    /// `--max-live-keys-per-account` (0: no limit).
+    pub max_live_keys: u64,
 }
 
 impl Default for Settings {
@@ -42,6 +44,7 @@ impl Default for Settings {
         Self {
             latency: Duration::ZERO,
             fail_after_charge: 0,
+            max_live_keys: 0,
         }
     }
 }
@@ -151,6 +154,7 @@ impl Harness {
             gateway_latency: settings.latency,
             gateway_fail_after_charge: settings.fail_after_charge,
             idempotency: true,
+            max_live_keys_per_account: settings.max_live_keys,
         };
         let app_state = App::new(Arc::clone(&store), keys, &config);
         let router = app(&app_state);

@@ -222,6 +222,7 @@ fn build(
         gateway_fail_after_charge: settings.fail_after_charge,
         idempotency: settings.idempotency,
         retry_after: settings.retry_after,
+        max_live_keys_per_account: 0,
     };
     let app_state = App::new(Arc::new(store.clone()), keys, &config);
     let router = app(&app_state);

@@ -89,10 +89,17 @@ impl Inner {
             ("records", &self.sql.cleanup_records),
         ] {
             for _ in 0..MAX_BATCHES_PER_PASS {
+                let counted = table == "keys";
                 let deleted = self
                     .with_retry("cleanup", |c| async move {
                         let stmt = c.prepare_cached(sql).await?;
-                        Ok(c.execute(&stmt, &[&limit]).await?)
+                        if counted {
+                            // The keys statement also fixes the scopes' counts: it returns a count.
+                            let row = c.query_one(&stmt, &[&limit]).await?;
+                            Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
+                        } else {
+                            Ok(c.execute(&stmt, &[&limit]).await?)
+                        }
                     })
                     .await?;
                 report.batches += 1;

@@ -45,8 +45,8 @@ pub use schema::SCHEMA_VERSION;
 pub use url::redacted_url;
 
 use crate::idempotency::store::{
-    ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore, InsertOnce,
-    KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse, Takeover,
+    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore,
+    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse, Takeover,
 };
 use sql::{COMPLETED, IN_PROGRESS, Statements};
 
@@ -353,6 +353,69 @@ fn lease_lost(token: &ClaimToken) -> Fail {
     })
 }
 
+/// Longest request digest stored with a key (the engine's limit too).
+const MAX_REQUEST_DIGEST: usize = 8 * 1024;
+
+/// What a row of the claim statement says.
+fn claim_outcome(row: &tokio_postgres::Row, scope: &str, key: &str) -> Result<ClaimOutcome, Fail> {
+    if row.try_get::<_, bool>("quota_full")? {
+        let wait = row
+            .try_get::<_, Option<i64>>("next_expiry_ms")?
+            .unwrap_or(1000);
+        return Ok(ClaimOutcome::QuotaExceeded {
+            retry_after: Duration::from_millis(wait.max(1) as u64),
+        });
+    }
+    let fence: i64 = row.try_get("fence")?;
+    let expires_ms: i64 = row.try_get("expires_ms")?;
+    if row.try_get::<_, bool>("acquired")? {
+        let takeover = match row.try_get::<_, Option<i16>>("takeover")? {
+            Some(1) => Some(Takeover::Expired),
+            Some(2) => Some(Takeover::LeaseExpired),
+            _ => None,
+        };
+        return Ok(ClaimOutcome::Acquired(ClaimToken {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            fence: fence as u64,
+            takeover,
+            expires_at_ms: expires_ms.max(0) as u64,
+            handle: None,
+        }));
+    }
+    // The snapshot shows a record the upsert should have taken over: it changed in between
+    // (another claim took it); look again.
+    if row.try_get::<_, Option<bool>>("takeable")? == Some(true) {
+        return Err(Fail::Stale);
+    }
+    if row.try_get::<_, Option<bool>>("same_fp")? != Some(true) {
+        let digest: Option<Vec<u8>> = row.try_get("request_digest")?;
+        return Ok(ClaimOutcome::Mismatch {
+            request_digest: digest.map(Bytes::from),
+        });
+    }
+    match row.try_get::<_, Option<i16>>("state")? {
+        Some(IN_PROGRESS) => Ok(ClaimOutcome::InProgress {
+            lease_left: Duration::from_millis(
+                row.try_get::<_, Option<i64>>("lease_left_ms")?
+                    .unwrap_or(0)
+                    .max(0) as u64,
+            ),
+        }),
+        Some(COMPLETED) => Ok(ClaimOutcome::Completed(
+            response_from(
+                row.try_get("status")?,
+                row.try_get("headers")?,
+                row.try_get("body")?,
+            )
+            .map_err(Fail::Store)?,
+        )),
+        other => Err(Fail::Store(StoreError::Internal(format!(
+            "key in unknown state {other:?}"
+        )))),
+    }
+}
+
 fn fence_of(token: &ClaimToken) -> i64 {
     to_i64(token.fence)
 }
@@ -653,78 +716,83 @@ impl Inner {
 
 #[async_trait]
 impl IdempotencyStore for PgStore {
-    async fn claim(
+    async fn claim_with(
         &self,
         scope: &str,
         key: &str,
         fingerprint: &Fingerprint,
         ttl: Duration,
+        extras: &ClaimExtras,
     ) -> Result<ClaimOutcome, StoreError> {
         check_key(scope, key)?;
         let ttl_ms = millis(ttl);
         if ttl_ms < 1 {
             return Err(StoreError::Rejected("ttl must be at least 1 ms".into()));
         }
+        if extras
+            .request_digest
+            .as_ref()
+            .is_some_and(|d| d.len() > MAX_REQUEST_DIGEST)
+        {
+            return Err(StoreError::Rejected(
+                "request digest longer than 8 KiB".into(),
+            ));
+        }
         let inner = &*self.inner;
         let fp: &[u8] = &fingerprint.0;
+        let digest: Option<&[u8]> = extras.request_digest.as_deref();
+        let max_live = to_i64(extras.max_live_keys.unwrap_or(0));
         let lease_ms = inner.lease_ms;
-        inner
-            .with_retry("claim", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.claim).await?;
-                let rows = c
-                    .query(&stmt, &[&scope, &key, &fp, &ttl_ms, &lease_ms])
-                    .await?;
-                // No row: the key was written after this statement's snapshot; look again.
-                let Some(row) = rows.first() else {
-                    return Err(Fail::Stale);
-                };
-                let fence: i64 = row.try_get("fence")?;
-                let expires_ms: i64 = row.try_get("expires_ms")?;
-                if row.try_get::<_, bool>("acquired")? {
-                    let takeover = match row.try_get::<_, Option<i16>>("takeover")? {
-                        Some(1) => Some(Takeover::Expired),
-                        Some(2) => Some(Takeover::LeaseExpired),
-                        _ => None,
-                    };
-                    return Ok(ClaimOutcome::Acquired(ClaimToken {
-                        scope: scope.to_string(),
-                        key: key.to_string(),
-                        fence: fence as u64,
-                        takeover,
-                        expires_at_ms: expires_ms.max(0) as u64,
-                        handle: None,
-                    }));
-                }
-                // The snapshot shows a record the upsert should have taken over: it changed in
-                // between (another claim took it); look again.
-                if row.try_get::<_, Option<bool>>("takeable")? == Some(true) {
-                    return Err(Fail::Stale);
-                }
-                if row.try_get::<_, Option<bool>>("same_fp")? != Some(true) {
-                    return Ok(ClaimOutcome::Mismatch);
-                }
-                match row.try_get::<_, Option<i16>>("state")? {
-                    Some(IN_PROGRESS) => Ok(ClaimOutcome::InProgress {
-                        lease_left: Duration::from_millis(
-                            row.try_get::<_, Option<i64>>("lease_left_ms")?
-                                .unwrap_or(0)
-                                .max(0) as u64,
-                        ),
-                    }),
-                    Some(COMPLETED) => Ok(ClaimOutcome::Completed(
-                        response_from(
-                            row.try_get("status")?,
-                            row.try_get("headers")?,
-                            row.try_get("body")?,
+        // A claim refused by the quota first deletes the scope's expired keys (they still count
+        // until cleanup removes them) and, if that freed a place, tries once more.
+        let mut purged = false;
+        loop {
+            let outcome = inner
+                .with_retry("claim", |mut c| async move {
+                    let stmt = c.prepare_cached(&inner.sql.claim).await?;
+                    let tx = c.transaction().await?;
+                    let rows = tx
+                        .query(
+                            &stmt,
+                            &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
                         )
-                        .map_err(Fail::Store)?,
-                    )),
-                    other => Err(Fail::Store(StoreError::Internal(format!(
-                        "key in unknown state {other:?}"
-                    )))),
+                        .await?;
+                    // No row: the key was written after this statement's snapshot; look again.
+                    let Some(row) = rows.first() else {
+                        tx.rollback().await?;
+                        return Err(Fail::Stale);
+                    };
+                    let acquired: bool = row.try_get("acquired")?;
+                    let inserted: bool =
+                        row.try_get::<_, Option<bool>>("inserted")?.unwrap_or(false);
+                    let bumped: bool = row.try_get::<_, Option<bool>>("bumped")?.unwrap_or(false);
+                    // The count went up exactly when a row was inserted, or the key changed
+                    // under the statement: undo and look again.
+                    if bumped != (acquired && inserted) {
+                        tx.rollback().await?;
+                        return Err(Fail::Stale);
+                    }
+                    tx.commit().await?;
+                    claim_outcome(row, scope, key)
+                })
+                .await?;
+            match outcome {
+                ClaimOutcome::QuotaExceeded { .. } if !purged => {
+                    purged = true;
+                    let freed = inner
+                        .with_retry("claim", |c| async move {
+                            let stmt = c.prepare_cached(&inner.sql.purge_scope).await?;
+                            let row = c.query_one(&stmt, &[&scope]).await?;
+                            Ok(row.try_get::<_, i64>(0)?)
+                        })
+                        .await?;
+                    if freed == 0 {
+                        return Ok(outcome);
+                    }
                 }
-            })
-            .await
+                outcome => return Ok(outcome),
+            }
+        }
     }
 
     async fn complete(
@@ -788,7 +856,8 @@ impl IdempotencyStore for PgStore {
         inner
             .with_retry("release", |c| async move {
                 let stmt = c.prepare_cached(&inner.sql.release).await?;
-                match c.execute(&stmt, &[&scope, &key, &fence]).await? {
+                let row = c.query_one(&stmt, &[&scope, &key, &fence]).await?;
+                match row.try_get::<_, i64>(0)? {
                     0 => Err(lease_lost(token)),
                     _ => Ok(()),
                 }
@@ -847,6 +916,7 @@ impl IdempotencyStore for PgStore {
                 Ok(Some(KeyRecord {
                     fingerprint,
                     fence: row.try_get::<_, i64>("fence")? as u64,
+                    created_at_ms: row.try_get::<_, i64>("created_ms")?.max(0) as u64,
                     expires_at_ms: row.try_get::<_, i64>("expires_ms")?.max(0) as u64,
                     state,
                 }))

@@ -20,9 +20,10 @@ struct Migration {
     sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "
         CREATE TABLE IF NOT EXISTS {s}.keys (
             scope       text        NOT NULL,
             key         text        NOT NULL,
@@ -54,10 +55,29 @@ const MIGRATIONS: &[Migration] = &[Migration {
         );
         CREATE SEQUENCE IF NOT EXISTS {s}.fence_seq;
     ",
-}];
+    },
+    // Issue 13: the request digest of a key (to name the fields a reused key differs in), and the
+    // per-scope row count behind `--max-live-keys-per-account`. `scope_counts.live` is the number
+    // of `keys` rows of the scope, live or expired-but-not-yet-deleted; claim, release, cleanup
+    // and the quota's purge keep it so in the statements that insert or delete those rows.
+    Migration {
+        version: 2,
+        sql: "
+        ALTER TABLE {s}.keys ADD COLUMN IF NOT EXISTS request_digest bytea;
+        CREATE INDEX IF NOT EXISTS keys_scope_expires_at ON {s}.keys (scope, expires_at);
+        CREATE TABLE IF NOT EXISTS {s}.scope_counts (
+            scope text   PRIMARY KEY,
+            live  bigint NOT NULL
+        );
+        INSERT INTO {s}.scope_counts (scope, live)
+            SELECT scope, count(*) FROM {s}.keys GROUP BY scope
+            ON CONFLICT (scope) DO UPDATE SET live = EXCLUDED.live;
+    ",
+    },
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 const ATTEMPTS: u32 = 8;
 

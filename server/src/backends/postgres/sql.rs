@@ -36,6 +36,7 @@ pub(crate) struct Statements {
     pub insert_once: String,
     pub counter: String,
     pub cleanup_keys: String,
+    pub purge_scope: String,
     pub cleanup_records: String,
     pub keys_estimate: String,
 }
@@ -65,14 +66,30 @@ impl Statements {
             )
         };
         Self {
-            // $1 scope, $2 key, $3 fingerprint, $4 ttl ms, $5 lease ms.
+            // $1 scope, $2 key, $3 fingerprint, $4 ttl ms, $5 lease ms, $6 request digest (or
+            // NULL), $7 most live keys of the scope (0: no limit).
+            //
+            // A key with no row is new: `bump` adds it to the scope's row count, unless the count
+            // has reached $7, and only then is it inserted. The caller runs this in a transaction
+            // and rolls it back when `bumped` and `inserted` disagree (a concurrent insert or
+            // delete of the key between the snapshot and the upsert), so the count stays exact.
             claim: format!(
-                "WITH claimed AS (
+                "WITH existing AS (
+                   SELECT 1 FROM {s}.keys WHERE scope = $1 AND key = $2
+                 ), bump AS (
+                   INSERT INTO {s}.scope_counts AS q (scope, live)
+                   SELECT $1, 1 WHERE NOT EXISTS (SELECT 1 FROM existing)
+                   ON CONFLICT (scope) DO UPDATE SET live = q.live + 1
+                   WHERE $7::bigint = 0 OR q.live < $7::bigint
+                   RETURNING 1
+                 ), claimed AS (
                    INSERT INTO {s}.keys AS k
-                     (scope, key, fingerprint, fence, state, takeover, lease_until, expires_at, created_at)
-                   VALUES ($1, $2, $3, nextval({seq}), {IN_PROGRESS}, 0,
+                     (scope, key, fingerprint, fence, state, takeover, lease_until, expires_at, created_at,
+                      request_digest)
+                   SELECT $1, $2, $3, nextval({seq}), {IN_PROGRESS}, 0,
                            now() + $5::bigint * interval '1 millisecond',
-                           now() + $4::bigint * interval '1 millisecond', now())
+                           now() + $4::bigint * interval '1 millisecond', now(), $6::bytea
+                   WHERE EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM bump)
                    ON CONFLICT (scope, key) DO UPDATE SET
                      fingerprint = EXCLUDED.fingerprint,
                      fence = GREATEST(nextval({seq}), k.fence + 1),
@@ -81,16 +98,19 @@ impl Statements {
                      lease_until = EXCLUDED.lease_until,
                      expires_at = EXCLUDED.expires_at,
                      created_at = EXCLUDED.created_at,
+                     request_digest = EXCLUDED.request_digest,
                      status = NULL, headers = NULL, body = NULL
                    WHERE k.expires_at <= now()
                       OR (k.state = {IN_PROGRESS} AND k.lease_until <= now()
                           AND k.fingerprint = EXCLUDED.fingerprint)
-                   RETURNING k.fence, k.takeover, {exp_ms} AS expires_ms
+                   RETURNING k.fence, k.takeover, {exp_ms} AS expires_ms, (k.xmax = 0) AS inserted
                  )
                  SELECT true AS acquired, fence, takeover, expires_ms,
                         NULL::bool AS same_fp, NULL::smallint AS state, NULL::bigint AS lease_left_ms,
                         NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body,
-                        NULL::bool AS takeable
+                        NULL::bool AS takeable, NULL::bytea AS request_digest, inserted,
+                        EXISTS (SELECT 1 FROM bump) AS bumped, false AS quota_full,
+                        NULL::bigint AS next_expiry_ms
                  FROM claimed
                  UNION ALL
                  SELECT false, k.fence, NULL, {exp_ms}, k.fingerprint = $3, k.state, {lease_left},
@@ -98,10 +118,32 @@ impl Statements {
                         CASE WHEN k.fingerprint = $3 THEN k.headers END,
                         CASE WHEN k.fingerprint = $3 THEN k.body END,
                         (k.expires_at <= now()
-                         OR (k.state = {IN_PROGRESS} AND k.lease_until <= now() AND k.fingerprint = $3))
+                         OR (k.state = {IN_PROGRESS} AND k.lease_until <= now() AND k.fingerprint = $3)),
+                        CASE WHEN k.fingerprint <> $3 THEN k.request_digest END,
+                        false, EXISTS (SELECT 1 FROM bump), false, NULL
                  FROM {s}.keys k
-                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)",
+                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
+                 UNION ALL
+                 SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                        false, false, true,
+                        (SELECT {next_ms} FROM {s}.keys n
+                         WHERE n.scope = $1 AND n.expires_at > now()
+                         ORDER BY n.expires_at LIMIT 1)
+                 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM bump)",
                 exp_ms = ms("k.expires_at"),
+                next_ms = "GREATEST(1, ceil(extract(epoch FROM (n.expires_at - now())) * 1000))::bigint",
+            ),
+            // $1 scope: deletes the scope's expired keys and takes them off its count (a claim
+            // refused by the quota does this before it answers 429).
+            purge_scope: format!(
+                "WITH gone AS (
+                   DELETE FROM {s}.keys WHERE scope = $1 AND expires_at <= now() RETURNING 1
+                 ), fix AS (
+                   UPDATE {s}.scope_counts SET live = live - (SELECT count(*) FROM gone)
+                   WHERE scope = $1 AND EXISTS (SELECT 1 FROM gone)
+                   RETURNING 1
+                 )
+                 SELECT count(*) FROM gone"
             ),
             // $1 scope, $2 key, $3 fence, $4 status, $5 headers, $6 body, $7..$11 put arrays.
             complete: format!(
@@ -117,9 +159,17 @@ impl Statements {
             ),
             // $1 scope, $2 key, $3 fence.
             release: format!(
-                "DELETE FROM {s}.keys
-                 WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
-                   AND expires_at > now()"
+                "WITH gone AS (
+                   DELETE FROM {s}.keys
+                   WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
+                     AND expires_at > now()
+                   RETURNING 1
+                 ), fix AS (
+                   UPDATE {s}.scope_counts SET live = live - 1
+                   WHERE scope = $1 AND EXISTS (SELECT 1 FROM gone)
+                   RETURNING 1
+                 )
+                 SELECT count(*) FROM gone"
             ),
             // $1 scope, $2 key, $3 fence, $4 lease ms.
             extend: format!(
@@ -129,11 +179,13 @@ impl Statements {
             ),
             // $1 scope, $2 key.
             get: format!(
-                "SELECT k.fingerprint, k.fence, {exp_ms} AS expires_ms, k.state,
+                "SELECT k.fingerprint, k.fence, {exp_ms} AS expires_ms, {created_ms} AS created_ms,
+                        k.state,
                         {lease_left} AS lease_left_ms, k.status, k.headers, k.body
                  FROM {s}.keys k
                  WHERE k.scope = $1 AND k.key = $2 AND k.expires_at > now()",
                 exp_ms = ms("k.expires_at"),
+                created_ms = ms("k.created_at"),
             ),
             // $1 namespace, $2 key.
             record: format!(
@@ -174,12 +226,23 @@ impl Statements {
             ),
             counter: format!("SELECT value FROM {s}.counters WHERE name = $1"),
             // $1 batch size.
+            // $1 batch size. Returns the rows deleted; takes them off their scopes' counts.
             cleanup_keys: format!(
-                "DELETE FROM {s}.keys
-                 WHERE (scope, key) IN (
-                   SELECT scope, key FROM {s}.keys WHERE expires_at <= now()
-                   LIMIT $1 FOR UPDATE SKIP LOCKED)
-                   AND expires_at <= now()"
+                "WITH gone AS (
+                   DELETE FROM {s}.keys
+                   WHERE (scope, key) IN (
+                     SELECT scope, key FROM {s}.keys WHERE expires_at <= now()
+                     LIMIT $1 FOR UPDATE SKIP LOCKED)
+                     AND expires_at <= now()
+                   RETURNING scope
+                 ), per AS (
+                   SELECT scope, count(*) AS n FROM gone GROUP BY scope
+                 ), fix AS (
+                   UPDATE {s}.scope_counts q SET live = q.live - per.n
+                   FROM per WHERE q.scope = per.scope
+                   RETURNING 1
+                 )
+                 SELECT count(*) FROM gone"
             ),
             cleanup_records: format!(
                 "DELETE FROM {s}.records

@@ -1,0 +1,350 @@
+//! The request digest: what a key's record keeps of its request so that a reused key with another
+//! request can be answered with *which* fields differ (`differing_fields` in the 422), without
+//! storing the request body and without ever revealing a value.
+//!
+//! Computed at claim time and stored with the record, in the log or the database, never in memory.
+//! It holds 8-byte truncated SHA-256 digests of the method, path, query, content type and whole body
+//! (as the fingerprint sees it), and, for a JSON body, the JSON Pointer (RFC 6901) of every leaf
+//! member with an 8-byte digest of the pointer and the member's canonical value. A leaf is a
+//! scalar, an empty array or an empty object. The pointers are kept as text because a member that
+//! *disappeared* can only be named from the stored side; they are the request's structure (member
+//! names and array indices), never its values.
+//!
+//! Bounds: at most [`MAX_MEMBERS`] leaves and [`MAX_POINTER_BYTES`] bytes of pointers. A bigger
+//! JSON body keeps no member list, and a 422 about it carries no `differing_fields` (a change in
+//! method, path, query or content type is still detected by the fingerprint, as always).
+//!
+//! ```text
+//! digest := version:u8 (1) method:[8] path:[8] query:[8] content_type:[8] body:[8] kind:u8 members
+//! kind   := 0 body not JSON (compared as a whole) | 1 JSON with a member list | 2 JSON, too big
+//! members (kind 1 only) := count:u16 (pointer:b16 value:[8])×count
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::http::{HeaderMap, Method};
+use bytes::Bytes;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::fingerprint::{self, FingerprintMode};
+
+/// Most leaf members a JSON body may have for its member list to be kept.
+pub const MAX_MEMBERS: usize = 64;
+/// Most bytes of JSON Pointers kept per request.
+pub const MAX_POINTER_BYTES: usize = 2048;
+
+const VERSION: u8 = 1;
+const NOT_JSON: u8 = 0;
+const MEMBERS: u8 = 1;
+const TOO_BIG: u8 = 2;
+
+fn short(domain: &[u8], parts: &[&[u8]]) -> [u8; 8] {
+    let mut hash = Sha256::new();
+    hash.update(domain);
+    for part in parts {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part);
+    }
+    let full = hash.finalize();
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&full[..8]);
+    out
+}
+
+/// The digest of a request (see the module docs).
+pub fn request_digest(
+    mode: FingerprintMode,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Bytes {
+    let mut out = Vec::with_capacity(64);
+    out.push(VERSION);
+    out.extend_from_slice(&short(b"method", &[method.as_str().as_bytes()]));
+    out.extend_from_slice(&short(b"path", &[path.as_bytes()]));
+    match query {
+        Some(q) => out.extend_from_slice(&short(b"query", &[b"1", q.as_bytes()])),
+        None => out.extend_from_slice(&short(b"query", &[b"0"])),
+    }
+    let media = fingerprint::media_type(headers);
+    out.extend_from_slice(&short(
+        b"content-type",
+        &[
+            media.as_deref().unwrap_or("").as_bytes(),
+            &[u8::from(media.is_some())],
+        ],
+    ));
+    let parsed = match mode {
+        FingerprintMode::CanonicalJson if fingerprint::is_json(headers) => {
+            serde_json::from_slice::<Value>(body).ok()
+        }
+        _ => None,
+    };
+    let Some(value) = parsed else {
+        out.extend_from_slice(&short(b"body", &[b"B", body]));
+        out.push(NOT_JSON);
+        return out.into();
+    };
+    let mut canonical = Vec::with_capacity(body.len());
+    fingerprint::canonical_json(&value, &mut canonical);
+    out.extend_from_slice(&short(b"body", &[b"J", &canonical]));
+    let mut leaves = Vec::new();
+    let mut budget = Budget::default();
+    if collect(&value, &mut String::new(), &mut leaves, &mut budget).is_none() {
+        out.push(TOO_BIG);
+        return out.into();
+    }
+    out.push(MEMBERS);
+    out.extend_from_slice(&(leaves.len() as u16).to_le_bytes());
+    for (pointer, digest) in leaves {
+        out.extend_from_slice(&(pointer.len() as u16).to_le_bytes());
+        out.extend_from_slice(pointer.as_bytes());
+        out.extend_from_slice(&digest);
+    }
+    out.into()
+}
+
+#[derive(Default)]
+struct Budget {
+    members: usize,
+    pointer_bytes: usize,
+}
+
+/// Adds the leaves under `value` (at `pointer`); `None` once a bound is passed.
+fn collect(
+    value: &Value,
+    pointer: &mut String,
+    leaves: &mut Vec<(String, [u8; 8])>,
+    budget: &mut Budget,
+) -> Option<()> {
+    let children: Vec<(String, &Value)> = match value {
+        Value::Object(map) if !map.is_empty() => map
+            .iter()
+            .map(|(name, v)| (name.replace('~', "~0").replace('/', "~1"), v))
+            .collect(),
+        Value::Array(items) if !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i.to_string(), v))
+            .collect(),
+        leaf => {
+            budget.members += 1;
+            budget.pointer_bytes += pointer.len();
+            if budget.members > MAX_MEMBERS || budget.pointer_bytes > MAX_POINTER_BYTES {
+                return None;
+            }
+            let mut canonical = Vec::new();
+            fingerprint::canonical_json(leaf, &mut canonical);
+            leaves.push((
+                pointer.clone(),
+                short(b"member", &[pointer.as_bytes(), &canonical]),
+            ));
+            return Some(());
+        }
+    };
+    for (token, child) in children {
+        let len = pointer.len();
+        pointer.push('/');
+        pointer.push_str(&token);
+        collect(child, pointer, leaves, budget)?;
+        pointer.truncate(len);
+    }
+    Some(())
+}
+
+/// A decoded digest.
+struct Parsed<'a> {
+    method: &'a [u8],
+    path: &'a [u8],
+    query: &'a [u8],
+    content_type: &'a [u8],
+    body: &'a [u8],
+    kind: u8,
+    members: BTreeMap<&'a str, &'a [u8]>,
+}
+
+fn parse(raw: &[u8]) -> Option<Parsed<'_>> {
+    let (&version, rest) = raw.split_first()?;
+    if version != VERSION || rest.len() < 41 {
+        return None;
+    }
+    let (fixed, rest) = rest.split_at(40);
+    let (&kind, mut rest) = rest.split_first()?;
+    let mut members = BTreeMap::new();
+    if kind == MEMBERS {
+        let count = u16::from_le_bytes(rest.get(..2)?.try_into().ok()?);
+        rest = &rest[2..];
+        for _ in 0..count {
+            let len = usize::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?));
+            let pointer = std::str::from_utf8(rest.get(2..2 + len)?).ok()?;
+            let digest = rest.get(2 + len..10 + len)?;
+            members.insert(pointer, digest);
+            rest = &rest[10 + len..];
+        }
+    }
+    Some(Parsed {
+        method: &fixed[..8],
+        path: &fixed[8..16],
+        query: &fixed[16..24],
+        content_type: &fixed[24..32],
+        body: &fixed[32..40],
+        kind,
+        members,
+    })
+}
+
+/// What differs between the request a key was claimed with (`stored`) and a new one (`new`): a
+/// sorted list of JSON Pointers of body members whose values changed, appeared or disappeared,
+/// plus `method`, `path`, `query` and `content-type` when those differ, and `""` when a body
+/// differs but cannot be compared member by member. `None` when the stored record has no usable
+/// digest or a body was too big for a member list.
+pub fn differing_fields(stored: &[u8], new: &[u8]) -> Option<Vec<String>> {
+    let (old, new) = (parse(stored)?, parse(new)?);
+    let mut out = BTreeSet::new();
+    for (name, a, b) in [
+        ("method", old.method, new.method),
+        ("path", old.path, new.path),
+        ("query", old.query, new.query),
+        ("content-type", old.content_type, new.content_type),
+    ] {
+        if a != b {
+            out.insert(name.to_owned());
+        }
+    }
+    if old.body != new.body {
+        match (old.kind, new.kind) {
+            (TOO_BIG, _) | (_, TOO_BIG) => return None,
+            (MEMBERS, MEMBERS) => {
+                for (pointer, digest) in &old.members {
+                    if new.members.get(pointer) != Some(digest) {
+                        out.insert((*pointer).to_owned());
+                    }
+                }
+                for pointer in new.members.keys() {
+                    if !old.members.contains_key(pointer) {
+                        out.insert((*pointer).to_owned());
+                    }
+                }
+                if out.iter().all(|f| !f.is_empty() && !f.starts_with('/')) {
+                    // Same members, different body bytes (hash truncation aside: never): whole.
+                    out.insert(String::new());
+                }
+            }
+            _ => {
+                out.insert(String::new());
+            }
+        }
+    }
+    Some(out.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use axum::http::header::CONTENT_TYPE;
+
+    fn json() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h
+    }
+
+    fn d(body: &str) -> Bytes {
+        request_digest(
+            FingerprintMode::CanonicalJson,
+            &Method::POST,
+            "/payments",
+            None,
+            &json(),
+            body.as_bytes(),
+        )
+    }
+
+    fn diff(a: &str, b: &str) -> Option<Vec<String>> {
+        differing_fields(&d(a), &d(b))
+    }
+
+    #[test]
+    fn changed_appeared_and_disappeared_members_are_named_sorted() {
+        assert_eq!(
+            diff(
+                r#"{"amount":100,"currency":"BRL"}"#,
+                r#"{"currency":"BRL","amount":250}"#
+            ),
+            Some(vec!["/amount".to_owned()])
+        );
+        assert_eq!(
+            diff(
+                r#"{"amount":100,"currency":"BRL"}"#,
+                r#"{"amount":1,"currency":"USD"}"#
+            ),
+            Some(vec!["/amount".to_owned(), "/currency".to_owned()])
+        );
+        assert_eq!(
+            diff(r#"{"a":1,"gone":true}"#, r#"{"a":1,"new":null}"#),
+            Some(vec!["/gone".to_owned(), "/new".to_owned()])
+        );
+        assert_eq!(
+            diff(
+                r#"{"items":[{"sku":"x","n":1}]}"#,
+                r#"{"items":[{"sku":"y","n":1}]}"#
+            ),
+            Some(vec!["/items/0/sku".to_owned()])
+        );
+        assert_eq!(
+            diff(r#"{"a/b":1,"m~":2}"#, r#"{"a/b":2,"m~":3}"#),
+            Some(vec!["/a~1b".to_owned(), "/m~0".to_owned()])
+        );
+        assert_eq!(
+            diff(r#"{"amount":100.00}"#, r#"{"amount":1e2}"#),
+            Some(vec![])
+        );
+    }
+
+    #[test]
+    fn no_value_is_ever_in_the_digest_or_the_answer() {
+        let digest = d(r#"{"card":"4111111111111111"}"#);
+        assert!(!digest.windows(16).any(|w| w == b"4111111111111111"));
+        let fields = diff(r#"{"card":"4111"}"#, r#"{"card":"5555"}"#).unwrap();
+        assert_eq!(fields, vec!["/card".to_owned()]);
+    }
+
+    #[test]
+    fn method_path_query_and_content_type_are_named() {
+        let other = request_digest(
+            FingerprintMode::CanonicalJson,
+            &Method::PUT,
+            "/other",
+            Some("x=1"),
+            &HeaderMap::new(),
+            b"{}",
+        );
+        assert_eq!(
+            differing_fields(&d("{}"), &other),
+            Some(
+                ["", "content-type", "method", "path", "query"]
+                    .map(String::from)
+                    .to_vec()
+            )
+        );
+    }
+
+    #[test]
+    fn non_json_bodies_are_whole_and_big_ones_have_no_list() {
+        assert_eq!(diff("not json", "{}"), Some(vec![String::new()]));
+        let big: String = format!(
+            "{{{}}}",
+            (0..=MAX_MEMBERS)
+                .map(|i| format!("\"m{i}\":{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(diff(&big, r#"{"m0":1}"#), None);
+        assert_eq!(diff(&big, &big), Some(vec![]));
+        assert_eq!(differing_fields(b"", &d("{}")), None);
+    }
+}
