@@ -103,7 +103,10 @@ impl Statements {
                    WHERE k.expires_at <= now()
                       OR (k.state = {IN_PROGRESS} AND k.lease_until <= now()
                           AND k.fingerprint = EXCLUDED.fingerprint)
-                   RETURNING k.fence, k.takeover, {exp_ms} AS expires_ms, (k.xmax = 0) AS inserted
+                   RETURNING k.fence, k.takeover, {exp_ms} AS expires_ms,
+                             -- The insert path writes takeover 0, the update path 1 or 2: a
+                             -- portable way to tell them apart (no xmax).
+                             (k.takeover = 0) AS inserted
                  )
                  SELECT true AS acquired, fence, takeover, expires_ms,
                         NULL::bool AS same_fp, NULL::smallint AS state, NULL::bigint AS lease_left_ms,
