@@ -21,7 +21,7 @@ fn options() -> Options {
         .storage(Arc::new(FsStorage))
         .durability(Durability::None)
         .lease(Duration::from_millis(5))
-        .segment_size(64 << 10)
+        .segment_size(8 << 10)
         .compaction(None)
 }
 
@@ -31,7 +31,7 @@ fn work(store: &Store, t: u64) {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let key = format!("k{}", x % 64);
+        let key = format!("k{}", x % 1024);
         let ttl = Duration::from_millis(1 + x % 40);
         match store.claim(b"acct", key.as_bytes(), &fp((x % 2) as u8), ttl) {
             Ok(ClaimOutcome::Acquired(token)) => match (x >> 8) % 4 {
