@@ -213,6 +213,10 @@ impl Core {
             .filter_map(|s| s.file.size().ok())
             .sum();
         report.records_copied = outputs.moves.len();
+        self.compaction_reclaimed.fetch_add(
+            report.input_bytes.saturating_sub(report.output_bytes),
+            Ordering::Relaxed,
+        );
 
         // The switch is durable; the inputs are garbage from here, and a failure to delete them is
         // finished by the next open.

@@ -22,6 +22,8 @@
 
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
 use parking_lot::Mutex;
@@ -65,6 +67,105 @@ pub(crate) struct SideEntry {
 impl SideEntry {
     pub(crate) fn is_live(&self, now: u64) -> bool {
         self.expires_at > now
+    }
+}
+
+/// What a value adds to its table's running counts ([`Counts`]).
+pub(crate) trait Tally {
+    /// 1 if the value is an in-progress claim.
+    fn in_progress(&self) -> u64;
+    /// Bytes of the log operation the value points at.
+    fn bytes(&self) -> u64;
+}
+
+impl Tally for Entry {
+    fn in_progress(&self) -> u64 {
+        u64::from(self.lease_until.is_some())
+    }
+
+    fn bytes(&self) -> u64 {
+        u64::from(self.loc.len)
+    }
+}
+
+impl Tally for SideEntry {
+    fn in_progress(&self) -> u64 {
+        0
+    }
+
+    fn bytes(&self) -> u64 {
+        u64::from(self.loc.len)
+    }
+}
+
+#[cfg(test)]
+impl Tally for u64 {
+    fn in_progress(&self) -> u64 {
+        0
+    }
+
+    fn bytes(&self) -> u64 {
+        *self
+    }
+}
+
+/// Running counts of one table, changed with every insert, replacement and removal, always under
+/// the table's lock (so each table's counts are exact), and read without it.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    entries: AtomicU64,
+    in_progress: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// A reading of [`Counts`], or their sum over shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CountsSnapshot {
+    pub(crate) entries: u64,
+    pub(crate) in_progress: u64,
+    pub(crate) bytes: u64,
+}
+
+impl Counts {
+    fn add(&self, v: &impl Tally) {
+        self.entries.fetch_add(1, Ordering::Relaxed);
+        self.in_progress
+            .fetch_add(v.in_progress(), Ordering::Relaxed);
+        self.bytes.fetch_add(v.bytes(), Ordering::Relaxed);
+    }
+
+    fn sub(&self, v: &impl Tally) {
+        self.entries.fetch_sub(1, Ordering::Relaxed);
+        self.in_progress
+            .fetch_sub(v.in_progress(), Ordering::Relaxed);
+        self.bytes.fetch_sub(v.bytes(), Ordering::Relaxed);
+    }
+
+    /// A value changed in place from `old` to `new`.
+    fn change(&self, old: (u64, u64), new: &impl Tally) {
+        if old != (new.in_progress(), new.bytes()) {
+            self.in_progress.fetch_sub(old.0, Ordering::Relaxed);
+            self.in_progress
+                .fetch_add(new.in_progress(), Ordering::Relaxed);
+            self.bytes.fetch_sub(old.1, Ordering::Relaxed);
+            self.bytes.fetch_add(new.bytes(), Ordering::Relaxed);
+        }
+    }
+
+    fn read(&self) -> CountsSnapshot {
+        CountsSnapshot {
+            entries: self.entries.load(Ordering::Relaxed),
+            in_progress: self.in_progress.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl std::ops::AddAssign for CountsSnapshot {
+    fn add_assign(&mut self, other: Self) {
+        self.entries += other.entries;
+        self.in_progress += other.in_progress;
+        self.bytes += other.bytes;
     }
 }
 
@@ -133,14 +234,18 @@ pub(crate) struct Table<V> {
     table: HashTable<Bucket>,
     chunks: Vec<Vec<Slot<V>>>,
     free: Vec<u32>,
+    /// Running counts of what the table holds; every mutation below keeps them exact. Shared with
+    /// [`Sharded`], which reads them without taking the table's lock.
+    counts: Arc<Counts>,
 }
 
-impl<V> Table<V> {
+impl<V: Tally> Table<V> {
     fn new() -> Self {
         Self {
             table: HashTable::new(),
             chunks: Vec::new(),
             free: Vec::new(),
+            counts: Arc::default(),
         }
     }
 
@@ -194,6 +299,9 @@ impl<V> Table<V> {
         let vacant = match entry {
             hashbrown::hash_table::Entry::Occupied(occupied) => {
                 let slot = occupied.get().slot;
+                if let Some((_, v)) = self.slot(slot) {
+                    self.counts.change((v.in_progress(), v.bytes()), &value);
+                }
                 if let Some((_, v)) = self.slot_mut(slot) {
                     *v = value;
                 }
@@ -217,6 +325,7 @@ impl<V> Table<V> {
             slot: index,
             hash: h,
         });
+        self.counts.add(&value);
         *self.slot_mut(index) = Some((StoredKey::new(key), value));
     }
 
@@ -231,7 +340,11 @@ impl<V> Table<V> {
             .ok()?;
         let (Bucket { slot: index, .. }, _) = entry.remove();
         self.free.push(index);
-        self.slot_mut(index).take().map(|(_, v)| v)
+        let removed = self.slot_mut(index).take().map(|(_, v)| v);
+        if let Some(v) = &removed {
+            self.counts.sub(v);
+        }
+        removed
     }
 
     /// Gives the memory back after a burst: an idle store should not keep its peak.
@@ -254,14 +367,20 @@ impl<V> Table<V> {
         mut keep: impl FnMut(&mut V) -> bool,
     ) -> Option<usize> {
         let slots = self.chunks.get_mut(chunk)?;
+        let counts = &*self.counts;
         let mut removed = 0;
         for (j, slot) in slots.iter_mut().enumerate() {
             let Some((key, v)) = slot.as_mut() else {
                 continue;
             };
-            if keep(v) {
+            // `keep` may change the value (compaction moves its location): count the change.
+            let before = (v.in_progress(), v.bytes());
+            let kept = keep(v);
+            counts.change(before, &*v);
+            if kept {
                 continue;
             }
+            counts.sub(&*v);
             let index = (chunk * CHUNK + j) as u32;
             let h = hash_of(key.as_bytes()) as u32;
             match self.table.find_entry(spread(h), |b| b.slot == index) {
@@ -290,15 +409,19 @@ impl<V> Table<V> {
 /// table inside it.
 pub(crate) struct Sharded<V> {
     shards: Box<[Mutex<Table<V>>]>,
+    /// Each shard's running counts (the same `Arc` its table updates).
+    counts: Box<[Arc<Counts>]>,
     hasher: RandomState,
 }
 
-impl<V> Sharded<V> {
+impl<V: Tally> Sharded<V> {
     /// `count` must be a power of two.
     pub(crate) fn new(count: usize) -> Self {
         assert!(count.is_power_of_two());
+        let tables: Vec<Table<V>> = (0..count).map(|_| Table::new()).collect();
         Self {
-            shards: (0..count).map(|_| Mutex::new(Table::new())).collect(),
+            counts: tables.iter().map(|t| Arc::clone(&t.counts)).collect(),
+            shards: tables.into_iter().map(Mutex::new).collect(),
             hasher: RandomState::new(),
         }
     }
@@ -336,6 +459,29 @@ impl<V> Sharded<V> {
             }
         }
         removed
+    }
+
+    /// The running counts summed over the shards: O(shards), no lock taken. Each shard's counts are
+    /// exact; with writes going on, the sum mixes readings microseconds apart.
+    pub(crate) fn counts(&self) -> CountsSnapshot {
+        let mut sum = CountsSnapshot::default();
+        for counts in self.counts.iter() {
+            sum += counts.read();
+        }
+        sum
+    }
+
+    /// The same figures counted by visiting every entry (tests compare it with [`Sharded::counts`]).
+    pub(crate) fn walk_counts(&self) -> CountsSnapshot {
+        let mut sum = CountsSnapshot::default();
+        self.for_each_chunked(|v| {
+            sum += CountsSnapshot {
+                entries: 1,
+                in_progress: v.in_progress(),
+                bytes: v.bytes(),
+            };
+        });
+        sum
     }
 
     /// Calls `f` on every value, holding each shard's lock for one chunk of slots at a time (see

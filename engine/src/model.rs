@@ -331,6 +331,13 @@ impl Simulation {
 
     /// Runs one step; `Err` describes the first divergence from the model.
     pub fn run(&mut self, step: &Step) -> Result<(), String> {
+        self.run_step(step)?;
+        // The running counts behind `Store::metrics` must equal a walk of the index after every
+        // step: claims, takeovers, completions, releases, sweeps, compactions, recoveries.
+        self.store().check_running_counts()
+    }
+
+    fn run_step(&mut self, step: &Step) -> Result<(), String> {
         match *step {
             Step::Claim {
                 scope,

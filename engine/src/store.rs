@@ -28,6 +28,7 @@ use crate::log::segment::Loc;
 use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::LogWriter;
 use crate::maintenance::Maintenance;
+use crate::metrics::HistogramSnapshot;
 use crate::options::{Durability, Options};
 use crate::quota::{Admit, ScopeCounts};
 use crate::record::{Record, RecordState};
@@ -66,6 +67,8 @@ pub(crate) struct Core {
     pub(crate) compactions: AtomicU64,
     pub(crate) compaction_failures: AtomicU64,
     pub(crate) compaction_leftovers: AtomicU64,
+    /// Segment bytes compactions deleted less the bytes they wrote, since open.
+    pub(crate) compaction_reclaimed: AtomicU64,
     /// The directory lock; `close` releases it even while other handles (and so this `Core`) live.
     lock: Mutex<Option<Box<dyn LockGuard>>>,
 }
@@ -103,6 +106,49 @@ pub struct Stats {
     pub writes: u64,
     /// fdatasync calls since open (frames per sync shows group commit at work).
     pub syncs: u64,
+}
+
+/// Figures for monitoring, read in O(1) in the number of keys ([`Store::metrics`]): running counts
+/// kept as records come and go, counters and histograms, and a look at the segment list.
+///
+/// Record counts are of the index's entries: a record past its TTL counts until the sweep (run by
+/// the maintenance thread every [`CompactionPolicy::interval`](crate::CompactionPolicy)) removes it, as
+/// it keeps its memory until then. [`Store::stats`] instead walks every entry and counts only the
+/// unexpired ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreMetrics {
+    /// Idempotency records held (in progress or completed).
+    pub records: u64,
+    /// Of those, claims in progress.
+    pub in_progress: u64,
+    /// Side records held.
+    pub side_records: u64,
+    /// Bytes of the log operations the held records and side records point at.
+    pub live_bytes: u64,
+    /// Segment files.
+    pub segments: u64,
+    /// Bytes of all segment files.
+    pub disk_bytes: u64,
+    /// Compactions finished since open.
+    pub compactions: u64,
+    /// Automatic compactions that failed since open.
+    pub compaction_failures: u64,
+    /// Files of failed compactions that could not be removed since open.
+    pub compaction_leftovers: u64,
+    /// Segment bytes compactions deleted, less the bytes they wrote, since open.
+    pub compaction_reclaimed_bytes: u64,
+    /// Frames appended since open.
+    pub frames_appended: u64,
+    /// Bytes appended since open.
+    pub bytes_appended: u64,
+    /// `pwrite` calls since open.
+    pub writes: u64,
+    /// fdatasync calls since open.
+    pub syncs: u64,
+    /// Duration of each fdatasync of the log, in seconds, since open.
+    pub fdatasync_seconds: HistogramSnapshot,
+    /// Operations made durable by each fdatasync (the group-commit batch), since open.
+    pub commit_batch_operations: HistogramSnapshot,
 }
 
 impl Stats {
@@ -163,6 +209,7 @@ impl Store {
             compactions: AtomicU64::new(0),
             compaction_failures: AtomicU64::new(0),
             compaction_leftovers: AtomicU64::new(0),
+            compaction_reclaimed: AtomicU64::new(0),
             lock: Mutex::new(Some(lock)),
         });
         core.sweep();
@@ -575,6 +622,55 @@ impl Store {
         stats.writes = counters.writes.load(Ordering::Relaxed);
         stats.syncs = counters.syncs.load(Ordering::Relaxed);
         stats
+    }
+
+    /// Figures for monitoring, without visiting the index: O(1) in the number of keys (O(shards +
+    /// segments)), no lock a request waits on. See [`StoreMetrics`] for how they differ from
+    /// [`Store::stats`].
+    pub fn metrics(&self) -> StoreMetrics {
+        let core = &*self.core;
+        let records = core.records.counts();
+        let side = core.side.counts();
+        let segments = core.segments.all();
+        let counters = &core.writer.counters;
+        let histograms = &core.writer.histograms;
+        StoreMetrics {
+            records: records.entries,
+            in_progress: records.in_progress,
+            side_records: side.entries,
+            live_bytes: records.bytes + side.bytes,
+            segments: segments.len() as u64,
+            disk_bytes: segments.iter().filter_map(|s| s.file.size().ok()).sum(),
+            compactions: core.compactions.load(Ordering::Relaxed),
+            compaction_failures: core.compaction_failures.load(Ordering::Relaxed),
+            compaction_leftovers: core.compaction_leftovers.load(Ordering::Relaxed),
+            compaction_reclaimed_bytes: core.compaction_reclaimed.load(Ordering::Relaxed),
+            frames_appended: counters.frames.load(Ordering::Relaxed),
+            bytes_appended: counters.bytes.load(Ordering::Relaxed),
+            writes: counters.writes.load(Ordering::Relaxed),
+            syncs: counters.syncs.load(Ordering::Relaxed),
+            fdatasync_seconds: histograms.fdatasync.snapshot(),
+            commit_batch_operations: histograms.commit_batch.snapshot(),
+        }
+    }
+
+    /// Checks that the running counts behind [`Store::metrics`] equal a walk of the whole index.
+    /// Exact only while no other thread writes. For tests (the engine's model test calls it after
+    /// every step).
+    #[doc(hidden)]
+    pub fn check_running_counts(&self) -> std::result::Result<(), String> {
+        let core = &*self.core;
+        let (records, walked) = (core.records.counts(), core.records.walk_counts());
+        if records != walked {
+            return Err(format!(
+                "record counts: running {records:?}, walked {walked:?}"
+            ));
+        }
+        let (side, walked) = (core.side.counts(), core.side.walk_counts());
+        if side != walked {
+            return Err(format!("side counts: running {side:?}, walked {walked:?}"));
+        }
+        Ok(())
     }
 
     /// Flushes and syncs everything, stops the background threads, makes every handle of this store

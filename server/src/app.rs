@@ -8,21 +8,22 @@
 //! | `POST /payments` | Bearer | yes (unless `--idempotency off`) |
 //! | `GET /payments/{id}` | Bearer | no |
 //! | `GET /idempotency-keys/{key}` | Bearer | no (reads a key's status; changes nothing) |
-//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | none | no |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics`, `GET /openapi.json` | none | no |
 //!
-//! Every response carries `x-request-id` (the client's, or a fresh UUID), and every 5xx problem
-//! body names it as `request_id`.
+//! Every response carries `x-request-id` (the client's when sane, or a fresh UUID), every log line
+//! of a request names it, and every problem body has it as `request_id` ([`crate::request_id`]).
+//! Every route is listed in [`ROUTES`], which the OpenAPI document is checked against.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::debug;
 
 use crate::auth::{ApiKeys, require_account};
@@ -31,14 +32,36 @@ use crate::idempotency::{
     FingerprintMode, Health, IdempotencyConfig, IdempotencyLayer, OutcomeCounts, SharedStore,
     persist_side_records,
 };
-use crate::metrics::{MetricsState, metrics};
+use crate::metrics::{HttpMetrics, MetricsState, metrics, record_http};
 use crate::payments::{Gateway, GatewayConfig, PaymentsState, create_payment, get_payment};
-use crate::problem::{Problem, add_request_id, ensure_problem_json};
+use crate::problem::{Problem, ensure_problem_json};
+pub use crate::request_id::REQUEST_ID;
+use crate::request_id::{make_span, request_context};
 
-/// The request-id header: taken from the client when present, generated (a UUID) otherwise,
-/// echoed on every response and named in every 5xx problem body, so a client's report can be matched
-/// with the server's log.
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// One route of the router: its method and path template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// HTTP method.
+    pub method: &'static str,
+    /// Path template, as given to axum (`/payments/{id}`).
+    pub path: &'static str,
+}
+
+const fn route(method: &'static str, path: &'static str) -> Route {
+    Route { method, path }
+}
+
+/// Every route [`app`] serves. The OpenAPI document must describe exactly these; a test checks it, and that the router serves each of them. A request to a
+/// route missing here panics in debug builds ([`crate::metrics`] labels requests from this list).
+pub const ROUTES: &[Route] = &[
+    route("POST", "/payments"),
+    route("GET", "/payments/{id}"),
+    route("GET", "/idempotency-keys/{key}"),
+    route("GET", "/healthz"),
+    route("GET", "/readyz"),
+    route("GET", "/metrics"),
+    route("GET", "/openapi.json"),
+];
 
 /// Settings of the application (the binary fills them from its flags).
 #[derive(Clone)]
@@ -154,6 +177,7 @@ pub fn app(app: &App) -> Router {
         || Arc::new(OutcomeCounts::default()),
         IdempotencyLayer::counts,
     );
+    let http = HttpMetrics::default();
     let api = Router::new()
         .route("/payments", create)
         .route("/payments/{id}", get(get_payment))
@@ -179,14 +203,22 @@ pub fn app(app: &App) -> Router {
                 counts,
                 gateway: app.gateway.clone(),
                 store: Arc::clone(&app.store),
+                http: http.clone(),
             }),
         )
+        .route("/openapi.json", get(crate::openapi::serve))
         .merge(api)
         .fallback(|| async {
             Problem::from_status(axum::http::StatusCode::NOT_FOUND, "no such route")
         })
         .layer(middleware::map_response(ensure_problem_json))
-        .layer(middleware::from_fn(add_request_id))
-        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
-        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+        // `Router::layer` wraps each route after routing, so these see `MatchedPath`.
+        .layer(middleware::from_fn_with_state(http, record_http))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(make_span)
+                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        )
+        .layer(middleware::from_fn(request_context))
 }

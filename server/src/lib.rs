@@ -24,8 +24,10 @@ pub mod config;
 pub mod fuzzing;
 pub mod idempotency;
 pub mod metrics;
+pub mod openapi;
 pub mod payments;
 pub mod problem;
+pub mod request_id;
 pub mod serve;
 pub mod store_calls;
 

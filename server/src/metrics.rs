@@ -1,22 +1,159 @@
-//! `GET /metrics`: Prometheus text exposition.
+//! `GET /metrics`: Prometheus text exposition (format 0.0.4), encoded by `prometheus-client`.
 //!
 //! - `gateway_charges_total`: every charge the fake provider has ever made in the store (the data
 //!   directory, or the shared database: all instances); persisted, never decreases;
 //! - `idempotency_requests_total{outcome}`: requests per outcome at the idempotency layer (labels in
 //!   [`Outcome`]); counted since the process started;
-//! - `idemlog_*`: the backend's own numbers ([`crate::idempotency::IdempotencyStore::gauges`]).
+//! - `http_server_request_duration_seconds{http_route,http_request_method,http_response_status_code}`:
+//!   a histogram of the time from a request's arrival at the router to its response head, by
+//!   route template (never the raw path; `unmatched` for the 404 fallback);
+//! - `idemlog_store_up`: 1 while the store serves ([`crate::idempotency::IdempotencyStore::health`]),
+//!   0 while it is poisoned, being reopened or unreachable;
+//! - `idemlog_*`: the backend's own numbers ([`crate::idempotency::IdempotencyStore::gauges`]) and
+//!   histograms ([`crate::idempotency::IdempotencyStore::histograms`]).
+//!
+//! A scrape reads atomics and the backends' running counts: it never walks the store's keys.
 
-use std::fmt::Write;
 use std::sync::Arc;
+use std::time::Instant;
 
-use axum::extract::State;
-use axum::http::HeaderValue;
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, Method};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tracing::warn;
 
-use crate::idempotency::{Gauge, Outcome, OutcomeCounts, SharedStore};
+use crate::idempotency::{Gauge, Health, HistogramMetric, Outcome, OutcomeCounts, SharedStore};
 use crate::payments::Gateway;
+
+/// Content type of the exposition.
+pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Buckets of `http_server_request_duration_seconds`: 100 µs (a replay from memory) to 10 s (a
+/// slow provider), about three per decade.
+pub const HTTP_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// The `http_route` label of a request no route matched (the 404 fallback).
+pub const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// Labels of `http_server_request_duration_seconds` (OpenTelemetry HTTP semantic conventions).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The route template (`/payments/{id}`), or [`UNMATCHED_ROUTE`].
+    pub http_route: &'static str,
+    /// The method; `_OTHER` for a non-standard one.
+    pub http_request_method: &'static str,
+    /// The response status.
+    pub http_response_status_code: u16,
+}
+
+type HttpFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
+
+fn http_histogram() -> Histogram {
+    Histogram::new(HTTP_BUCKETS)
+}
+
+/// The HTTP server histogram, shared by every clone of the router's middleware.
+#[derive(Clone)]
+pub struct HttpMetrics {
+    requests: HttpFamily,
+    registry: Arc<Registry>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        let requests: HttpFamily = Family::new_with_constructor(http_histogram);
+        let mut registry = Registry::default();
+        registry.register(
+            "http_server_request_duration_seconds",
+            "Duration of HTTP server requests, from arrival at the router to the response head.",
+            requests.clone(),
+        );
+        Self {
+            requests,
+            registry: Arc::new(registry),
+        }
+    }
+}
+
+impl HttpMetrics {
+    /// Records one request.
+    pub fn observe(&self, labels: &HttpLabels, seconds: f64) {
+        self.requests.get_or_create(labels).observe(seconds);
+    }
+}
+
+/// The label of a method: its name for the standard ones, `_OTHER` otherwise (bounded cardinality).
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "_OTHER",
+    }
+}
+
+/// The `http_route` label: the matched route's template as listed in [`crate::app::ROUTES`] (a
+/// `&'static str`, so recording allocates nothing), or [`UNMATCHED_ROUTE`].
+///
+/// A route served by the router but missing from that list is a bug (it would be missing from the
+/// OpenAPI document too): debug builds panic on its first request, so any test that reaches it
+/// fails; release builds label it `unlisted`.
+fn route_label(matched: Option<&MatchedPath>) -> &'static str {
+    let Some(matched) = matched else {
+        return UNMATCHED_ROUTE;
+    };
+    match crate::app::ROUTES
+        .iter()
+        .find(|r| r.path == matched.as_str())
+    {
+        Some(route) => route.path,
+        None => {
+            debug_assert!(
+                false,
+                "route {} is served but not listed in app::ROUTES",
+                matched.as_str()
+            );
+            "unlisted"
+        }
+    }
+}
+
+/// Middleware (for `Router::layer`, so that it runs after routing and sees [`MatchedPath`]):
+/// records `http_server_request_duration_seconds` when the response head is ready.
+pub async fn record_http(
+    State(metrics): State<HttpMetrics>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let http_route = route_label(request.extensions().get::<MatchedPath>());
+    let http_request_method = method_label(request.method());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let labels = HttpLabels {
+        http_route,
+        http_request_method,
+        http_response_status_code: response.status().as_u16(),
+    };
+    metrics.observe(&labels, started.elapsed().as_secs_f64());
+    response
+}
 
 /// What the metrics endpoint reads.
 #[derive(Clone)]
@@ -27,67 +164,126 @@ pub struct MetricsState {
     pub gateway: Gateway,
     /// The store, for its numbers.
     pub store: SharedStore,
+    /// The HTTP histogram.
+    pub http: HttpMetrics,
 }
 
-/// Renders the exposition text. `charges_total` is `None` when the store could not be read (the
-/// sample is then left out rather than reported as a number that went down).
-pub fn render(counts: &OutcomeCounts, charges_total: Option<u64>, gauges: &[Gauge]) -> String {
-    let mut out = String::with_capacity(2048);
+/// The figures read at one scrape, encoded as a `prometheus-client` collector.
+#[derive(Debug)]
+struct Scrape {
+    charges_total: Option<u64>,
+    outcomes: Vec<(&'static str, u64)>,
+    store_up: bool,
+    gauges: Vec<Gauge>,
+    histograms: Vec<HistogramMetric>,
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // Counter names are registered without `_total`: the encoder appends it.
+        if let Some(total) = self.charges_total {
+            let mut metric = encoder.encode_descriptor(
+                "gateway_charges",
+                "Charges the payment provider has ever made (persisted).",
+                None,
+                MetricType::Counter,
+            )?;
+            metric.encode_counter::<NoLabelSet, _, u64>(&total, None)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "idempotency_requests",
+            "Requests at the idempotency layer, by outcome.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, count) in &self.outcomes {
+            let labels = [("outcome", *outcome)];
+            family
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(count, None)?;
+        }
+        let mut up = encoder.encode_descriptor(
+            "idemlog_store_up",
+            "1 while the idempotency store serves, 0 while it is poisoned, reopening or unreachable.",
+            None,
+            MetricType::Gauge,
+        )?;
+        up.encode_gauge(&i64::from(self.store_up))?;
+        for gauge in &self.gauges {
+            match gauge.name.strip_suffix("_total") {
+                Some(name) => encoder
+                    .encode_descriptor(name, gauge.help, None, MetricType::Counter)?
+                    .encode_counter::<NoLabelSet, _, u64>(&gauge.value, None)?,
+                None => encoder
+                    .encode_descriptor(gauge.name, gauge.help, None, MetricType::Gauge)?
+                    .encode_gauge(&gauge.value)?,
+            }
+        }
+        let mut i = 0;
+        while i < self.histograms.len() {
+            let first = &self.histograms[i];
+            let mut metric =
+                encoder.encode_descriptor(first.name, first.help, None, MetricType::Histogram)?;
+            while let Some(h) = self.histograms.get(i).filter(|h| h.name == first.name) {
+                let buckets: Vec<(f64, u64)> = h
+                    .bounds
+                    .iter()
+                    .copied()
+                    .chain(std::iter::once(f64::INFINITY))
+                    .zip(h.counts.iter().copied())
+                    .collect();
+                match h.label {
+                    Some((key, value)) => {
+                        let labels = [(key, value)];
+                        metric
+                            .encode_family(&labels)?
+                            .encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)?;
+                    }
+                    None => {
+                        metric.encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)?
+                    }
+                }
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Encodes one scrape: the figures just read, then the HTTP histogram.
+fn render(scrape: Scrape, http: &HttpMetrics) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut out = String::with_capacity(8192);
     // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
-        "# HELP gateway_charges_total Charges the payment provider has ever made (persisted).\n\
-         # TYPE gateway_charges_total counter"
-    );
-    if let Some(total) = charges_total {
-        let _ = writeln!(out, "gateway_charges_total {total}");
-    }
-    let _ = writeln!(
-        out,
-        "# HELP idempotency_requests_total Requests at the idempotency layer, by outcome.\n\
-         # TYPE idempotency_requests_total counter"
-    );
-    for outcome in Outcome::ALL {
-        let _ = writeln!(
-            out,
-            "idempotency_requests_total{{outcome=\"{}\"}} {}",
-            outcome.label(),
-            counts.get(outcome)
-        );
-    }
-    for gauge in gauges {
-        let kind = if gauge.name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}",
-            name = gauge.name,
-            help = gauge.help,
-            value = gauge.value,
-        );
-    }
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &http.registry);
     out
 }
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<MetricsState>) -> Response {
-    let charges = match state.gateway.charges_total().await {
+    let charges_total = match state.gateway.charges_total().await {
         Ok(total) => Some(total),
         Err(e) => {
             warn!(error = %e, "metrics: the charge counter could not be read");
             None
         }
     };
-    let gauges = state.store.gauges().await;
-    let body = render(&state.counts, charges, &gauges);
-    let mut response = body.into_response();
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
+    let scrape = Scrape {
+        charges_total,
+        outcomes: Outcome::ALL
+            .iter()
+            .map(|&o| (o.label(), state.counts.get(o)))
+            .collect(),
+        store_up: state.store.health() == Health::Ready,
+        gauges: state.store.gauges().await,
+        histograms: state.store.histograms(),
+    };
+    let mut response = render(scrape, &state.http).into_response();
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_TEXT));
     response
 }
 
@@ -95,15 +291,78 @@ pub async fn metrics(State(state): State<MetricsState>) -> Response {
 mod tests {
     use super::*;
 
+    fn scrape(counts: &OutcomeCounts) -> Scrape {
+        Scrape {
+            charges_total: Some(7),
+            outcomes: Outcome::ALL
+                .iter()
+                .map(|&o| (o.label(), counts.get(o)))
+                .collect(),
+            store_up: true,
+            gauges: vec![
+                Gauge {
+                    name: "idemlog_records",
+                    help: "Records.",
+                    value: 3.0,
+                },
+                Gauge {
+                    name: "idemlog_syncs_total",
+                    help: "Syncs.",
+                    value: 4.0,
+                },
+            ],
+            histograms: vec![HistogramMetric {
+                name: "idemlog_pg_statement_duration_seconds",
+                help: "Statement latency.",
+                label: Some(("statement", "claim")),
+                bounds: vec![0.001, 0.01],
+                counts: vec![1, 2, 3],
+                sum: 1.5,
+                count: 6,
+            }],
+        }
+    }
+
     #[test]
-    fn exposition_lists_charges_and_every_outcome() {
+    fn exposition_keeps_every_series_name() {
         let counts = OutcomeCounts::default();
         counts.record(Outcome::Replayed);
-        let text = render(&counts, Some(7), &[]);
-        assert!(text.contains("\ngateway_charges_total 7\n"));
+        let http = HttpMetrics::default();
+        http.observe(
+            &HttpLabels {
+                http_route: "/payments/{id}",
+                http_request_method: "GET",
+                http_response_status_code: 200,
+            },
+            0.0003,
+        );
+        let text = render(scrape(&counts), &http);
+        assert!(text.contains("\ngateway_charges_total 7\n"), "{text}");
         assert!(text.contains("idempotency_requests_total{outcome=\"replayed\"} 1\n"));
         for outcome in Outcome::ALL {
             assert!(text.contains(&format!("outcome=\"{}\"", outcome.label())));
         }
+        assert!(text.contains("\nidemlog_store_up 1\n"), "{text}");
+        assert!(text.contains("\nidemlog_records 3"), "{text}");
+        assert!(
+            text.contains("# TYPE idemlog_syncs_total counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nidemlog_syncs_total 4"), "{text}");
+        assert!(
+            text.contains(
+                "idemlog_pg_statement_duration_seconds_bucket{statement=\"claim\",le=\"0.01\"} 3\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "idemlog_pg_statement_duration_seconds_bucket{statement=\"claim\",le=\"+Inf\"} 6\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "http_server_request_duration_seconds_bucket{http_route=\"/payments/{id}\",http_request_method=\"GET\",http_response_status_code=\"200\",le=\"0.0005\"} 1\n"
+        ), "{text}");
     }
 }

@@ -4,12 +4,14 @@
 //! renders as `application/problem+json`. [`ensure_problem_json`] is a last-line middleware that turns
 //! any other error response (axum's own 404/405/413 rejections, a bare status from a handler) into one,
 //! so clients can rely on the media type for every 4xx and 5xx.
+//!
+//! Every body built while a request is served carries that request's id as the extension member
+//! `request_id` ([`crate::request_id`]). It is added when the body is built, so a 4xx that the
+//! idempotency layer stores and replays keeps the id of the request that produced it.
 
 use axum::body::Body;
-use axum::extract::Request;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -43,6 +45,8 @@ struct Body9457<'a> {
     title: &'a str,
     status: u16,
     detail: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<String>,
 }
 
 impl Problem {
@@ -125,13 +129,15 @@ impl Problem {
         format!("{TYPE_PREFIX}{}", self.slug)
     }
 
-    /// The JSON body.
+    /// The JSON body, with the current request's id ([`crate::request_id::current`]) when there
+    /// is one.
     pub fn body(&self) -> Vec<u8> {
         let body = Body9457 {
             kind: self.type_uri(),
             title: self.title,
             status: self.status.as_u16(),
             detail: &self.detail,
+            request_id: crate::request_id::current(),
         };
         // Serialising a struct of strings and an integer cannot fail; fall back to a minimal body
         // rather than panic if it ever did.
@@ -199,43 +205,6 @@ pub async fn ensure_problem_json(response: Response) -> Response {
         }
     }
     rebuilt
-}
-
-/// Largest problem body the request-id middleware rewrites (problem bodies are a few hundred bytes).
-const MAX_PROBLEM_BODY: usize = 16 * 1024;
-
-/// Middleware (for `axum::middleware::from_fn`, inside the request-id layer): adds the request's
-/// `x-request-id` to every 5xx problem+json body as the `request_id` member, so the client can
-/// quote it and an operator can find the logged details the body leaves out. (Every response,
-/// 4xx included, carries the id in its `x-request-id` header.)
-pub async fn add_request_id(request: Request, next: Next) -> Response {
-    let id = request
-        .headers()
-        .get(crate::app::REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let response = next.run(request).await;
-    let Some(id) = id else {
-        return response;
-    };
-    // Only server errors: they are never stored (a 5xx releases its key), so adding the id cannot
-    // make a first response differ from its replays, which must match byte for byte.
-    if !response.status().is_server_error() || !is_problem(&response) {
-        return response;
-    }
-    let (mut parts, body) = response.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_PROBLEM_BODY).await else {
-        return Problem::internal("the error could not be described").into_response();
-    };
-    let body = match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes) {
-        Ok(mut members) => {
-            members.insert("request_id".to_owned(), serde_json::Value::String(id));
-            serde_json::to_vec(&members).unwrap_or_else(|_| bytes.to_vec())
-        }
-        Err(_) => bytes.to_vec(),
-    };
-    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
-    Response::from_parts(parts, Body::from(body))
 }
 
 #[cfg(test)]

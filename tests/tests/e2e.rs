@@ -378,3 +378,63 @@ fn without_configured_keys_the_demo_key_works_and_is_logged_loudly() {
         server.logs()
     );
 }
+
+#[test]
+fn request_ids_histogram_and_openapi_are_served_by_the_binary() {
+    let dir = TempDir::new("observability");
+    let server = Server::start_with(
+        dir.path(),
+        &["--gateway-latency", "0ms"],
+        &[
+            (
+                "IDEMLOG_API_KEYS",
+                &format!("{KEY_A}={ACCOUNT_A},{KEY_B}={ACCOUNT_B}"),
+            ),
+            ("RUST_LOG", "info,tower_http=debug"),
+        ],
+    );
+    let count = "http_server_request_duration_seconds_count{http_route=\"/payments\",http_request_method=\"POST\",http_response_status_code=\"201\"}";
+    let reply = server.request(
+        "POST",
+        "/payments",
+        &[
+            ("authorization", &format!("Bearer {KEY_A}")),
+            ("content-type", "application/json"),
+            ("idempotency-key", "order-obs"),
+            ("x-request-id", "e2e-request-7"),
+        ],
+        BODY.as_bytes(),
+    );
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert_eq!(reply.header("x-request-id"), Some("e2e-request-7"));
+    assert_eq!(server.metric(count), 1);
+    assert_eq!(server.pay(KEY_A, "order-obs-2", BODY).status, 201);
+    assert_eq!(server.metric(count), 2, "the histogram's count rises");
+    assert_eq!(server.metric("idemlog_store_up"), 1);
+
+    // The request's log lines name its id.
+    wait_until(
+        Duration::from_secs(10),
+        "a log line with the request id",
+        || {
+            server
+                .logs()
+                .iter()
+                .any(|line| line.contains("e2e-request-7") && line.contains("/payments"))
+        },
+    );
+
+    let unauthorized = server.get(None, "/payments/pay_x");
+    assert_eq!(unauthorized.status, 401);
+    let id = unauthorized
+        .header("x-request-id")
+        .expect("generated id")
+        .to_owned();
+    assert_eq!(unauthorized.json()["request_id"], id.as_str());
+
+    let doc = server.get(None, "/openapi.json");
+    assert_eq!(doc.status, 200);
+    let doc = doc.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["paths"]["/payments"]["post"].is_object());
+}

@@ -32,6 +32,7 @@ use super::op::Op;
 use super::segment::{self, Kind, Loc, Pos};
 use super::segments::{SegmentFile, Segments};
 use crate::error::{Error, Result};
+use crate::metrics::EngineHistograms;
 use crate::options::Durability;
 use crate::storage::Storage;
 
@@ -87,6 +88,10 @@ struct State {
     generation: u64,
     /// Frames in `buf`.
     frames: usize,
+    /// Operations in `buf`.
+    ops: u64,
+    /// Operations written since the last fdatasync (and so made durable by the next one).
+    unsynced_ops: u64,
     /// Callers the last flush woke: they are about to append again.
     woken: usize,
     /// While a leader gathers, the frame count it waits for (0 otherwise).
@@ -121,6 +126,8 @@ pub(crate) struct LogWriter {
     poisoned: AtomicBool,
     wakeup: Arc<Wakeup>,
     pub(crate) counters: WriterCounters,
+    /// fdatasync durations and group-commit batch sizes.
+    pub(crate) histograms: EngineHistograms,
 }
 
 impl LogWriter {
@@ -151,6 +158,8 @@ impl LogWriter {
                 flushing: false,
                 generation: 0,
                 frames: 0,
+                ops: 0,
+                unsynced_ops: 0,
                 woken: 0,
                 gather_until: 0,
                 gathering: false,
@@ -167,6 +176,7 @@ impl LogWriter {
             poisoned: AtomicBool::new(false),
             wakeup: Arc::default(),
             counters: WriterCounters::default(),
+            histograms: EngineHistograms::default(),
         }
     }
 
@@ -255,6 +265,7 @@ impl LogWriter {
         });
         debug_assert_eq!(st.buf.len() - start, frame_len);
         st.frames += 1;
+        st.ops += ops.len() as u64;
         if st.gather_until != 0 && st.frames >= st.gather_until {
             self.appended.notify_one();
         }
@@ -394,6 +405,13 @@ impl LogWriter {
         self.signal_idle(st);
     }
 
+    /// Records the operations one fdatasync made durable (none: a sync of headers only).
+    fn observe_batch(&self, ops: u64) {
+        if ops > 0 {
+            self.histograms.commit_batch.observe(ops);
+        }
+    }
+
     /// Wakes rotations waiting for the leader to finish, if any.
     fn signal_idle(&self, st: &State) {
         if st.idle_waiters > 0 {
@@ -419,6 +437,7 @@ impl LogWriter {
         let generation = st.generation;
         st.generation += 1;
         st.frames = 0;
+        st.unsynced_ops += std::mem::take(&mut st.ops);
         st.buf_start += data.len() as u32;
         (data, generation)
     }
@@ -431,6 +450,11 @@ impl LogWriter {
         let active = st.active.clone();
         let new_written = st.buf_start;
         let do_sync = (sync || self.durability == Durability::Sync) && st.synced < new_written;
+        let batch = if do_sync {
+            std::mem::take(&mut st.unsynced_ops)
+        } else {
+            0
+        };
         st.flushing = true;
         let result = MutexGuard::unlocked(st, || -> Result<()> {
             if !data.is_empty() {
@@ -441,11 +465,9 @@ impl LogWriter {
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
             }
             if do_sync {
-                active
-                    .file
-                    .sync_data()
-                    .map_err(|e| Error::io("fdatasync", &active.path, e))?;
+                timed_sync(&active, &self.histograms)?;
                 self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                self.observe_batch(batch);
             }
             Ok(())
         });
@@ -497,10 +519,12 @@ impl LogWriter {
         // Phase 1.
         let offset = st.buf_start;
         let (data, first) = Self::take_buffer(st);
+        let batch = std::mem::take(&mut st.unsynced_ops);
         st.flushing = true;
         let id = self.segments.allocate_id();
         let prepared = MutexGuard::unlocked(st, || -> Result<SegmentFile> {
-            write_and_sync(&old, offset, &data)?;
+            write_and_sync(&old, offset, &data, &self.histograms)?;
+            self.observe_batch(batch);
             create_segment(&*self.storage, &self.segments, &self.dir, id)
         });
         st.flushing = false;
@@ -517,7 +541,9 @@ impl LogWriter {
         // Phase 2.
         let offset = st.buf_start;
         let (data, second) = Self::take_buffer(st);
-        let sealed = write_and_sync(&old, offset, &data)
+        let batch = std::mem::take(&mut st.unsynced_ops);
+        let sealed = write_and_sync(&old, offset, &data, &self.histograms)
+            .inspect(|()| self.observe_batch(batch))
             .and_then(|()| old.file.seal().map_err(|e| Error::io("map", &old.path, e)));
         if let Err(e) = sealed {
             return Err(self.poison(st, e));
@@ -536,17 +562,31 @@ impl LogWriter {
 }
 
 /// Writes `data` at `offset` of `segment` and fdatasyncs it.
-fn write_and_sync(segment: &SegmentFile, offset: u32, data: &[u8]) -> Result<()> {
+fn write_and_sync(
+    segment: &SegmentFile,
+    offset: u32,
+    data: &[u8],
+    histograms: &EngineHistograms,
+) -> Result<()> {
     if !data.is_empty() {
         segment
             .file
             .write_at(u64::from(offset), data)
             .map_err(|e| Error::io("write", &segment.path, e))?;
     }
+    timed_sync(segment, histograms)
+}
+
+/// fdatasyncs `segment`, recording how long it took.
+fn timed_sync(segment: &SegmentFile, histograms: &EngineHistograms) -> Result<()> {
+    let started = std::time::Instant::now();
     segment
         .file
         .sync_data()
-        .map_err(|e| Error::io("fdatasync", &segment.path, e))
+        .map_err(|e| Error::io("fdatasync", &segment.path, e))?;
+    let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    histograms.fdatasync.observe(nanos);
+    Ok(())
 }
 
 /// Creates log segment `id` durably (header written and synced, directory synced) and registers it.

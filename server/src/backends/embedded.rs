@@ -31,8 +31,8 @@ use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
 use crate::idempotency::store::{
-    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore,
-    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
+    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, HistogramMetric,
+    IdempotencyStore, InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
 };
 use crate::store_calls::StoreCalls;
 
@@ -523,13 +523,11 @@ impl IdempotencyStore for EmbeddedStore {
     }
 
     async fn gauges(&self) -> Vec<Gauge> {
+        // Running counts: O(1) in the number of keys, so no blocking task is needed.
         let Some(store) = self.engine() else {
             return Vec::new();
         };
-        let stats = match tokio::task::spawn_blocking(move || store.stats()).await {
-            Ok(stats) => stats,
-            Err(_) => return Vec::new(),
-        };
+        let m = store.metrics();
         let g = |name, help, value: u64| Gauge {
             name,
             help,
@@ -538,53 +536,78 @@ impl IdempotencyStore for EmbeddedStore {
         vec![
             g(
                 "idemlog_records",
-                "Live idempotency records.",
-                stats.records as u64,
+                "Idempotency records held (expired ones count until the next sweep).",
+                m.records,
             ),
             g(
                 "idemlog_records_in_progress",
                 "Claims still in progress.",
-                stats.in_progress as u64,
+                m.in_progress,
             ),
             g(
                 "idemlog_side_records",
-                "Live side records.",
-                stats.side_records as u64,
+                "Side records held (expired ones count until the next sweep).",
+                m.side_records,
             ),
             g(
                 "idemlog_disk_bytes",
                 "Bytes of all log segments.",
-                stats.disk_bytes,
+                m.disk_bytes,
             ),
             g(
                 "idemlog_live_bytes",
-                "Bytes of live records in the log.",
-                stats.live_bytes,
+                "Bytes of the log operations the held records point at.",
+                m.live_bytes,
             ),
-            g(
-                "idemlog_segments",
-                "Log segment files.",
-                stats.segments as u64,
-            ),
+            g("idemlog_segments", "Log segment files.", m.segments),
             g(
                 "idemlog_frames_appended_total",
                 "Frames appended since open.",
-                stats.frames_appended,
+                m.frames_appended,
+            ),
+            g(
+                "idemlog_bytes_appended_total",
+                "Bytes appended to the log since open.",
+                m.bytes_appended,
             ),
             g(
                 "idemlog_syncs_total",
                 "fdatasync calls since open.",
-                stats.syncs,
+                m.syncs,
             ),
             g(
                 "idemlog_compactions_total",
                 "Compactions since open.",
-                stats.compactions,
+                m.compactions,
             ),
             g(
                 "idemlog_compaction_failures_total",
                 "Compactions that failed since open.",
-                stats.compaction_failures,
+                m.compaction_failures,
+            ),
+            g(
+                "idemlog_compaction_reclaimed_bytes_total",
+                "Segment bytes compactions deleted, less the bytes they wrote, since open.",
+                m.compaction_reclaimed_bytes,
+            ),
+        ]
+    }
+
+    fn histograms(&self) -> Vec<HistogramMetric> {
+        let Some(store) = self.engine() else {
+            return Vec::new();
+        };
+        let m = store.metrics();
+        vec![
+            HistogramMetric::from_engine(
+                "idemlog_fdatasync_duration_seconds",
+                "Duration of each fdatasync of the log, since open.",
+                m.fdatasync_seconds,
+            ),
+            HistogramMetric::from_engine(
+                "idemlog_commit_batch_operations",
+                "Operations made durable by one fdatasync (the group-commit batch), since open.",
+                m.commit_batch_operations,
             ),
         ]
     }

@@ -65,10 +65,11 @@ where
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(async move {
+                // With the request's id and span: a problem body it builds names the request.
+                runtime.spawn(crate::request_id::carry(async move {
                     // The output has nobody to go to; a panic is reported by the runtime.
                     let _ = rest.await;
-                });
+                }));
             }
             // Only while the runtime itself is being torn down: the claim's lease frees the key.
             Err(_) => error!("request dropped outside a runtime: its remaining work is abandoned"),

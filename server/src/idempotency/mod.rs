@@ -35,6 +35,7 @@ pub use key::{IdempotencyKey, KeyError};
 pub use layer::{IdempotencyConfig, IdempotencyLayer, Idempotent};
 pub use outcome::{Outcome, OutcomeCounts};
 pub use side_records::{SideRecords, persist_side_records};
+pub use store::HistogramMetric;
 pub use store::{
     ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Gauge, Health, IdempotencyStore, InsertOnce,
     KeyRecord, KeyState, RecordWrite, SharedStore, StoreError,

@@ -206,6 +206,46 @@ pub struct Gauge {
     pub value: f64,
 }
 
+/// One histogram for `/metrics` (a backend's latencies or batch sizes), as read at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramMetric {
+    /// Metric name (`idemlog_fdatasync_duration_seconds`); several entries may share one name
+    /// with different `label` values.
+    pub name: &'static str,
+    /// Help text.
+    pub help: &'static str,
+    /// One label (`statement="claim"`), if any.
+    pub label: Option<(&'static str, &'static str)>,
+    /// Inclusive upper bound of each bucket, ascending.
+    pub bounds: Vec<f64>,
+    /// Observations per bucket, not cumulative, with one extra last element for those above the
+    /// last bound.
+    pub counts: Vec<u64>,
+    /// Sum of the observations.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl HistogramMetric {
+    /// An engine histogram under `name`.
+    pub fn from_engine(
+        name: &'static str,
+        help: &'static str,
+        snapshot: idemlog::HistogramSnapshot,
+    ) -> Self {
+        Self {
+            name,
+            help,
+            label: None,
+            bounds: snapshot.bounds,
+            counts: snapshot.counts,
+            sum: snapshot.sum,
+            count: snapshot.count,
+        }
+    }
+}
+
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -310,6 +350,11 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 
     /// Backend numbers for `/metrics`.
     async fn gauges(&self) -> Vec<Gauge>;
+
+    /// Backend histograms for `/metrics` (latencies, batch sizes). Cheap: no I/O.
+    fn histograms(&self) -> Vec<HistogramMetric> {
+        Vec::new()
+    }
 
     /// A short name for logs (`embedded`, `postgres`).
     fn kind(&self) -> &'static str;

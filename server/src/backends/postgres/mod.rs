@@ -16,6 +16,7 @@
 
 mod cleanup;
 mod config;
+mod latency;
 mod schema;
 mod sql;
 mod url;
@@ -45,8 +46,9 @@ pub use schema::SCHEMA_VERSION;
 pub use url::redacted_url;
 
 use crate::idempotency::store::{
-    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, IdempotencyStore,
-    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse, Takeover,
+    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, HistogramMetric,
+    IdempotencyStore, InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
+    Takeover,
 };
 use sql::{COMPLETED, IN_PROGRESS, Statements};
 
@@ -83,6 +85,8 @@ pub(crate) struct Inner {
     down_reason: Mutex<String>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     password: Option<Vec<u8>>,
+    /// Statement latency for `/metrics`.
+    latency: latency::StatementLatency,
 }
 
 /// Why one attempt of a call failed.
@@ -564,6 +568,7 @@ impl PgStore {
             down_reason: Mutex::new(String::new()),
             tasks: Mutex::new(Vec::new()),
             password,
+            latency: latency::StatementLatency::default(),
         });
         let probe = tokio::spawn(cleanup::probe(Arc::downgrade(&inner)));
         inner.tasks.lock().push(probe);
@@ -640,7 +645,10 @@ impl Inner {
             tries += 1;
             let result = tokio::time::timeout(self.attempt_timeout, async {
                 let client = self.pool.get().await.map_err(Fail::Pool)?;
-                attempt(client).await
+                let started = std::time::Instant::now();
+                let result = attempt(client).await;
+                self.latency.observe(what, started.elapsed());
+                result
             })
             .await
             .unwrap_or(Err(Fail::TimedOut));
@@ -1048,6 +1056,11 @@ impl IdempotencyStore for PgStore {
                 value: status.available as f64,
             },
             Gauge {
+                name: "idemlog_pg_pool_in_use",
+                help: "Pooled PostgreSQL connections in use.",
+                value: status.size.saturating_sub(status.available) as f64,
+            },
+            Gauge {
                 name: "idemlog_pg_pool_waiting",
                 help: "Calls waiting for a pooled PostgreSQL connection.",
                 value: status.waiting as f64,
@@ -1077,6 +1090,10 @@ impl IdempotencyStore for PgStore {
             });
         }
         gauges
+    }
+
+    fn histograms(&self) -> Vec<HistogramMetric> {
+        self.inner.latency.snapshot()
     }
 
     fn kind(&self) -> &'static str {
