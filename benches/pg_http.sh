@@ -41,7 +41,9 @@ start_server() { # args... ; sets $port to the new server's port (not in a subsh
   if curl -s "http://127.0.0.1:$port/healthz" >/dev/null 2>&1; then
     echo "port $port is already in use" >&2; exit 1
   fi
-  RUST_LOG=warn "$bin" --listen "127.0.0.1:$port" --api-key bench-key=acct_bench \
+  # DATABASE_URL is in the environment (for psql): a server started without --database-url must
+  # not pick it up, or the "embedded" server would run on PostgreSQL too.
+  env -u DATABASE_URL RUST_LOG=warn "$bin" --listen "127.0.0.1:$port" --api-key bench-key=acct_bench \
     --gateway-latency 0ms "$@" >/dev/null 2>"$work/server-$port.log" &
   pids+=($!)
   for _ in $(seq 1 300); do
