@@ -800,3 +800,33 @@ async fn a_store_poisoned_behind_the_servers_back_is_reported_and_healed() {
         StatusCode::CREATED
     );
 }
+
+#[tokio::test]
+async fn a_store_reopened_onto_a_still_full_disk_is_not_ready_until_it_can_write() {
+    let t = TestApp::new();
+    // The next six log writes fail, as on a disk that stays full for a while: opening needs no
+    // space, so only a write tells whether the cause has gone.
+    for _ in 0..6 {
+        t.fs.fail_op(
+            idemlog::storage::FaultOp::Write,
+            ".seg",
+            1,
+            std::io::ErrorKind::StorageFull,
+        );
+    }
+    assert_eq!(
+        t.pay(KEY_A, "order-1", BODY).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while t.get(KEY_A, "/readyz").await.status != StatusCode::OK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store did not heal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Ready means ready: the first request after it is served, not refused by the same full disk.
+    let after = t.pay(KEY_A, "order-1", BODY).await;
+    assert_eq!(after.status, StatusCode::CREATED, "{after:?}");
+}

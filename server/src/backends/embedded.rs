@@ -11,7 +11,8 @@
 //!   refuses all work, because after a failed fsync the kernel may have dropped dirty pages. This
 //!   backend then reports [`Health::Unavailable`], closes the store and opens the directory again
 //!   (full recovery from the log, exactly as at start-up) with capped exponential backoff until it
-//!   succeeds, and serves again without a process restart. Nothing acknowledged is lost: recovery
+//!   opens *and* takes a small synced probe write (a disk still full fails it), and serves again
+//!   without a process restart. Nothing acknowledged is lost: recovery
 //!   keeps every synced frame, and only acknowledged work was synced.
 //!
 //! Invariant: at most one engine [`Store`] of the directory is open at a time (the engine's
@@ -267,7 +268,7 @@ impl EmbeddedStore {
                 return;
             }
             let (dir, options) = (self.shared.dir.clone(), self.shared.options.clone());
-            let opened = tokio::task::spawn_blocking(move || Store::open(&dir, options)).await;
+            let opened = tokio::task::spawn_blocking(move || open_and_probe(&dir, options)).await;
             match opened {
                 Ok(Ok(store)) => {
                     let report = store.recovery_report();
@@ -294,6 +295,26 @@ impl EmbeddedStore {
                 }
             }
             attempt = attempt.saturating_add(1);
+        }
+    }
+}
+
+/// Namespace of the record the healer writes to prove the store can write again.
+const PROBE_NAMESPACE: &str = "idemlog.health";
+
+/// Opens the directory and proves it can take a durable write: opening alone needs no free space,
+/// so a store reopened onto a disk that is still full would be declared healthy and fail again at
+/// the next request. The probe overwrites one small record, so it leaves no growing garbage.
+fn open_and_probe(dir: &Path, options: Options) -> idemlog::Result<Store> {
+    let now_ms = options.clock.now_ms();
+    let store = Store::open(dir, options)?;
+    let probe = SideWrite::put(PROBE_NAMESPACE, "write-probe", now_ms.to_string());
+    match store.side_write(&[probe]).and_then(|()| store.sync()) {
+        Ok(()) => Ok(store),
+        Err(e) => {
+            // The probe's failure is the news; closing a store that just failed can only fail too.
+            let _ = store.close();
+            Err(e)
         }
     }
 }

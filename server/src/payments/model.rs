@@ -56,6 +56,11 @@ impl CreatePayment {
 /// rounded. Trailing zeros do not count as precision (`1.500` is `1.50`).
 pub fn amount_to_minor(amount: &Number) -> Result<i64, String> {
     let text = amount.as_str();
+    // The number is echoed in the error; a 60 KB run of digits is shortened, not sent back whole.
+    let shown = match text.char_indices().nth(40) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    };
     let parsed = if text.contains(['e', 'E']) {
         Decimal::from_scientific(text)
     } else {
@@ -63,12 +68,12 @@ pub fn amount_to_minor(amount: &Number) -> Result<i64, String> {
     };
     let Ok(value) = parsed else {
         return Err(format!(
-            "amount {text} is out of range or has more than two decimal places"
+            "amount {shown} is out of range or has more than two decimal places"
         ));
     };
     let value = value.normalize();
     if value.scale() > 2 {
-        return Err(format!("amount {text} has more than two decimal places"));
+        return Err(format!("amount {shown} has more than two decimal places"));
     }
     if value <= Decimal::ZERO {
         return Err("amount must be greater than zero".into());
@@ -79,7 +84,7 @@ pub fn amount_to_minor(amount: &Number) -> Result<i64, String> {
         .filter(|m| *m <= MAX_AMOUNT_MINOR);
     minor.ok_or_else(|| {
         format!(
-            "amount {text} is too large: the largest is {}",
+            "amount {shown} is too large: the largest is {}",
             format_minor(MAX_AMOUNT_MINOR)
         )
     })
@@ -172,6 +177,13 @@ mod tests {
             let err = minor(bad).expect_err(bad);
             assert!(err.contains("decimal places"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_huge_amount_is_not_echoed_whole() {
+        let huge = format!("1.{}", "1".repeat(60_000));
+        let err = minor(&huge).expect_err("refused");
+        assert!(err.len() < 200, "{} bytes", err.len());
     }
 
     #[test]
