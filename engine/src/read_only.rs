@@ -16,10 +16,10 @@ use crate::error::{Error, Result};
 use crate::index::{self, Entry, Sharded, SideEntry};
 use crate::limits;
 use crate::log::segment::Kind;
-use crate::log::segments::{SegmentFile, Segments};
+use crate::log::segments::Segments;
 use crate::options::Options;
 use crate::record::Record;
-use crate::recovery::{Layout, Replay, SegmentEnd, open_tail_from, scan_segment};
+use crate::recovery::{Layout, Replay, open_tail_from, scan_segment};
 use crate::storage::LockGuard;
 use crate::store::{Stats, record_at};
 
@@ -60,23 +60,11 @@ impl ReadOnlyStore {
         };
         let open_tail = open_tail_from(storage, &layout, &segments)?;
         let mut torn_tail = None;
-        for (id, kind) in layout.replay_order() {
-            let path = segments.path(id, kind);
-            let file = storage
-                .open(&path)
-                .map_err(|e| Error::io("open", &path, e))?;
-            let segment = SegmentFile {
-                id,
-                kind,
-                path,
-                file,
-            };
-            let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
+        for opened in layout.open_in_replay_order(storage, &segments, open_tail) {
+            let (segment, in_open_tail) = opened?;
             let scanned = scan_segment(&segment, in_open_tail, |op, loc| replay.apply(op, loc))?;
-            match scanned.end {
-                SegmentEnd::Clean => {}
-                SegmentEnd::TornTail(offset) => torn_tail = Some((segment.path.clone(), offset)),
-                SegmentEnd::TornHeader => torn_tail = Some((segment.path.clone(), 0)),
+            if let Some(offset) = scanned.end.torn_at() {
+                torn_tail = Some((segment.path.clone(), offset));
             }
             segments.insert(segment);
         }

@@ -169,6 +169,30 @@ impl Layout {
         let base = self.base.iter().map(|&id| (id, Kind::Compacted));
         base.chain(self.tail.iter().map(|&id| (id, Kind::Log)))
     }
+
+    /// Every live segment in replay order, opened, with whether it belongs to the open tail that
+    /// starts at `open_tail` ([`open_tail_from`]): only there may a scan meet a torn tail.
+    pub(crate) fn open_in_replay_order<'a>(
+        &'a self,
+        storage: &'a dyn Storage,
+        segments: &'a Segments,
+        open_tail: Option<u32>,
+    ) -> impl Iterator<Item = Result<(SegmentFile, bool)>> + 'a {
+        self.replay_order().map(move |(id, kind)| {
+            let path = segments.path(id, kind);
+            let file = storage
+                .open(&path)
+                .map_err(|e| Error::io("open", &path, e))?;
+            let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
+            let segment = SegmentFile {
+                id,
+                kind,
+                path,
+                file,
+            };
+            Ok((segment, in_open_tail))
+        })
+    }
 }
 
 /// Replays every live segment in `dir` into `replay`, registers them in `segments`, and deletes the
@@ -188,18 +212,9 @@ pub(crate) fn recover(
     let open_tail = open_tail_from(storage, &layout, segments)?;
     let must_sync = sync_from(&layout, open_tail);
     let mut active_len = 0;
-    for (id, kind) in layout.replay_order() {
-        let path = segments.path(id, kind);
-        let file = storage
-            .open(&path)
-            .map_err(|e| Error::io("open", &path, e))?;
-        let segment = SegmentFile {
-            id,
-            kind,
-            path,
-            file,
-        };
-        let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
+    for opened in layout.open_in_replay_order(storage, segments, open_tail) {
+        let (segment, in_open_tail) = opened?;
+        let (id, kind) = (segment.id, segment.kind);
         let len = replay_segment(&segment, in_open_tail, replay, &mut report)?;
         if kind == Kind::Log && must_sync.is_some_and(|first| id >= first) {
             // What we just replayed may still be only in the page cache, left by a process that
@@ -305,6 +320,17 @@ pub(crate) enum SegmentEnd {
     TornTail(u64),
     /// The active segment's header is torn: the crash came while it was being created.
     TornHeader,
+}
+
+impl SegmentEnd {
+    /// Where intact frames end, if the segment ends in a torn tail (0 for a torn header).
+    pub(crate) fn torn_at(self) -> Option<u64> {
+        match self {
+            SegmentEnd::Clean => None,
+            SegmentEnd::TornTail(offset) => Some(offset),
+            SegmentEnd::TornHeader => Some(0),
+        }
+    }
 }
 
 /// What a scan of one segment found.

@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use crate::dir_lock;
 use crate::error::{Error, Result};
-use crate::log::segment::Kind;
-use crate::log::segments::SegmentFile;
-use crate::recovery::{Layout, SegmentEnd, scan_segment};
+use crate::recovery::{Layout, scan_segment};
 use crate::storage::Storage;
 
 /// What [`verify`] found.
@@ -48,27 +46,15 @@ pub fn verify(dir: impl AsRef<Path>, storage: Arc<dyn Storage>) -> Result<Verify
     };
     let segments = crate::log::segments::Segments::new(dir);
     let open_tail = crate::recovery::open_tail_from(&*storage, &layout, &segments)?;
-    for (id, kind) in layout.replay_order() {
-        let path = dir.join(crate::log::segment::file_name(id, kind));
-        let file = storage
-            .open(&path)
-            .map_err(|e| Error::io("open", &path, e))?;
-        let segment = SegmentFile {
-            id,
-            kind,
-            path,
-            file,
-        };
-        let in_open_tail = kind == Kind::Log && open_tail.is_some_and(|first| id >= first);
+    for opened in layout.open_in_replay_order(&*storage, &segments, open_tail) {
+        let (segment, in_open_tail) = opened?;
         let scanned = scan_segment(&segment, in_open_tail, |_, _| {})?;
         report.segments += 1;
         report.frames += scanned.frames;
         report.operations += scanned.operations;
         report.bytes += scanned.file_len;
-        match scanned.end {
-            SegmentEnd::Clean => {}
-            SegmentEnd::TornTail(offset) => report.torn_tail = Some((segment.path, offset)),
-            SegmentEnd::TornHeader => report.torn_tail = Some((segment.path, 0)),
+        if let Some(offset) = scanned.end.torn_at() {
+            report.torn_tail = Some((segment.path, offset));
         }
     }
     Ok(report)

@@ -4,6 +4,7 @@
 //! The PostgreSQL variants need `DATABASE_URL` (`scripts/pg-test-cluster run -- cargo test`); where
 //! it is missing they print a skip line, unless CI set PostgreSQL up, where they fail.
 
+mod common;
 #[path = "behaviour/harness.rs"]
 mod harness;
 

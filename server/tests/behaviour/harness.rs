@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::Request;
 use idemlog::storage::FaultyStorage;
 use idemlog::{ManualClock, Options};
 use idemlog_server::auth::ApiKeys;
@@ -17,11 +17,8 @@ use idemlog_server::backends::embedded::EmbeddedStore;
 use idemlog_server::backends::postgres::{PgConfig, PgStore};
 use idemlog_server::idempotency::{FingerprintMode, Outcome, SharedStore};
 use idemlog_server::{App, AppConfig, app};
-use tower::ServiceExt;
 
-pub const KEY_A: &str = "key_a";
-pub const KEY_B: &str = "key_b";
-pub const BODY: &str = r#"{"amount": 100.00, "currency": "BRL"}"#;
+pub use crate::common::{BODY, KEY_A, KEY_B, Reply, payment, send};
 /// Short enough for PostgreSQL tests to wait out.
 pub const LEASE: Duration = Duration::from_millis(400);
 pub const TTL: Duration = Duration::from_millis(1500);
@@ -55,32 +52,6 @@ pub struct Harness {
     pub router: Router,
     clock: Option<ManualClock>,
     drop_schema: Option<(String, String)>,
-}
-
-pub struct Reply {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).expect("JSON body")
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    pub fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-}
-
-impl std::fmt::Debug for Reply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.status, String::from_utf8_lossy(&self.body))
-    }
 }
 
 /// The PostgreSQL URL, or `None` (with a printed skip line) where no database was set up. Where
@@ -220,30 +191,5 @@ impl Harness {
                 .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
                 .await;
         }
-    }
-}
-
-pub fn payment(api_key: &str, idempotency_key: Option<&str>, body: &str) -> Request<Body> {
-    let mut builder = Request::post("/payments")
-        .header("authorization", format!("Bearer {api_key}"))
-        .header("content-type", "application/json");
-    if let Some(key) = idempotency_key {
-        builder = builder.header("idempotency-key", key);
-    }
-    builder.body(Body::from(body.to_owned())).expect("request")
-}
-
-pub async fn send(router: &Router, request: Request<Body>) -> Reply {
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("body")
-        .to_vec();
-    Reply {
-        status,
-        headers,
-        body,
     }
 }
