@@ -5,6 +5,8 @@
 //! pass, unless `CI` is set or `IDEMLOG_REQUIRE_POSTGRES=1`: then they fail. Each test works in a
 //! fresh schema `t_<random>`, dropped at its end.
 
+mod common;
+
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::database_url;
 use idemlog_server::backends::postgres::{PgConfig, PgStore, redacted_url};
 use idemlog_server::idempotency::store::{
     ClaimOutcome, ClaimToken, Expiry, Fingerprint, Health, IdempotencyStore, InsertOnce, KeyState,
@@ -23,25 +26,6 @@ use tokio_postgres::NoTls;
 const LEASE: Duration = Duration::from_millis(200);
 const PAST_LEASE: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_secs(60);
-
-fn database_url() -> Option<String> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            let required = std::env::var_os("CI").is_some()
-                || std::env::var("IDEMLOG_REQUIRE_POSTGRES").as_deref() == Ok("1");
-            assert!(
-                !required,
-                "DATABASE_URL is not set but PostgreSQL tests are required (CI or \
-                 IDEMLOG_REQUIRE_POSTGRES=1): start one with scripts/pg-test-cluster"
-            );
-            eprintln!(
-                "SKIPPED: DATABASE_URL is not set; run under `scripts/pg-test-cluster run -- cargo test ...`"
-            );
-            None
-        }
-    }
-}
 
 fn random() -> u64 {
     RandomState::new().build_hasher().finish()

@@ -27,7 +27,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::fingerprint::{self, FingerprintMode};
+use super::fingerprint::{self, FingerprintMode, JsonBody};
 
 /// Most leaf members a JSON body may have for its member list to be kept.
 pub const MAX_MEMBERS: usize = 64;
@@ -61,6 +61,19 @@ pub fn request_digest(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Bytes {
+    let json = fingerprint::parse_body(mode, headers, body);
+    request_digest_of(method, path, query, headers, body, json.as_ref())
+}
+
+/// [`request_digest`] of a body already parsed with [`fingerprint::parse_body`].
+pub fn request_digest_of(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+    json: Option<&JsonBody>,
+) -> Bytes {
     let mut out = Vec::with_capacity(64);
     out.push(VERSION);
     out.extend_from_slice(&short(b"method", &[method.as_str().as_bytes()]));
@@ -77,23 +90,15 @@ pub fn request_digest(
             &[u8::from(media.is_some())],
         ],
     ));
-    let parsed = match mode {
-        FingerprintMode::CanonicalJson if fingerprint::is_json(headers) => {
-            serde_json::from_slice::<Value>(body).ok()
-        }
-        _ => None,
-    };
-    let Some(value) = parsed else {
+    let Some(json) = json else {
         out.extend_from_slice(&short(b"body", &[b"B", body]));
         out.push(NOT_JSON);
         return out.into();
     };
-    let mut canonical = Vec::with_capacity(body.len());
-    fingerprint::canonical_json(&value, &mut canonical);
-    out.extend_from_slice(&short(b"body", &[b"J", &canonical]));
+    out.extend_from_slice(&short(b"body", &[b"J", &json.canonical]));
     let mut leaves = Vec::new();
     let mut budget = Budget::default();
-    if collect(&value, &mut String::new(), &mut leaves, &mut budget).is_none() {
+    if collect(&json.value, &mut String::new(), &mut leaves, &mut budget).is_none() {
         out.push(TOO_BIG);
         return out.into();
     }

@@ -41,6 +41,27 @@ pub enum FingerprintMode {
 
 const DOMAIN: &[u8] = b"idemlog-fingerprint-v2";
 
+/// A body that entered as JSON: parsed once, canonicalised once, and shared by the fingerprint and
+/// the request digest ([`crate::idempotency::digest`]).
+pub struct JsonBody {
+    /// The parsed document.
+    pub value: Value,
+    /// Its canonical form.
+    pub canonical: Vec<u8>,
+}
+
+/// The body as JSON, when `mode` compares JSON canonically, the request says it is JSON and it
+/// parses; `None` means the body is compared byte for byte.
+pub fn parse_body(mode: FingerprintMode, headers: &HeaderMap, body: &[u8]) -> Option<JsonBody> {
+    if mode != FingerprintMode::CanonicalJson || !is_json(headers) {
+        return None;
+    }
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let mut canonical = Vec::with_capacity(body.len());
+    canonical_json(&value, &mut canonical);
+    Some(JsonBody { value, canonical })
+}
+
 /// Fingerprint of a request.
 pub fn fingerprint(
     mode: FingerprintMode,
@@ -49,6 +70,19 @@ pub fn fingerprint(
     query: Option<&str>,
     headers: &HeaderMap,
     body: &[u8],
+) -> Fingerprint {
+    let json = parse_body(mode, headers, body);
+    fingerprint_of(method, path, query, headers, body, json.as_ref())
+}
+
+/// [`fingerprint`] of a body already parsed with [`parse_body`].
+pub fn fingerprint_of(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+    json: Option<&JsonBody>,
 ) -> Fingerprint {
     let mut hash = Sha256::new();
     hash.update(DOMAIN);
@@ -68,14 +102,10 @@ pub fn fingerprint(
         }
         None => hash.update([0]),
     }
-    let canonical = match mode {
-        FingerprintMode::CanonicalJson if is_json(headers) => canonical_body(body),
-        _ => None,
-    };
-    match canonical {
-        Some(canonical) => {
+    match json {
+        Some(json) => {
             hash.update(b"J");
-            part(&mut hash, &canonical);
+            part(&mut hash, &json.canonical);
         }
         None => {
             hash.update(b"B");
@@ -211,13 +241,6 @@ pub fn is_json(headers: &HeaderMap) -> bool {
         .to_ascii_lowercase();
     essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json"))
-}
-
-fn canonical_body(body: &[u8]) -> Option<Vec<u8>> {
-    let value: Value = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::with_capacity(body.len());
-    canonical_json(&value, &mut out);
-    Some(out)
 }
 
 /// Writes `value` in canonical form.

@@ -40,7 +40,7 @@ use super::catch_panic::{self, CatchPanic};
 use super::finish_on_drop::FinishOnDrop;
 
 use super::digest;
-use super::fingerprint::{self, FingerprintMode, fingerprint};
+use super::fingerprint::{self, FingerprintMode};
 use super::in_flight::InFlight;
 use super::key::{self, IdempotencyKey};
 use super::outcome::{Outcome, OutcomeCounts};
@@ -295,22 +295,13 @@ where
         .extensions
         .get::<OriginalUri>()
         .map_or_else(|| parts.uri.clone(), |original| original.0.clone());
-    let fp = fingerprint(
-        shared.config.fingerprint,
-        &parts.method,
-        uri.path(),
-        uri.query(),
-        &parts.headers,
-        &bytes,
-    );
-    let request_digest = digest::request_digest(
-        shared.config.fingerprint,
-        &parts.method,
-        uri.path(),
-        uri.query(),
-        &parts.headers,
-        &bytes,
-    );
+    // The body is parsed and canonicalised once, for both the fingerprint and the digest.
+    let json = fingerprint::parse_body(shared.config.fingerprint, &parts.headers, &bytes);
+    let (method, path, query) = (&parts.method, uri.path(), uri.query());
+    let fp =
+        fingerprint::fingerprint_of(method, path, query, &parts.headers, &bytes, json.as_ref());
+    let request_digest =
+        digest::request_digest_of(method, path, query, &parts.headers, &bytes, json.as_ref());
     parts.extensions.insert(key.clone());
     let request = Request::from_parts(parts, Body::from(bytes));
 

@@ -18,7 +18,7 @@ use idemlog_server::backends::postgres::{PgConfig, PgStore};
 use idemlog_server::idempotency::{FingerprintMode, Outcome, SharedStore};
 use idemlog_server::{App, AppConfig, app};
 
-pub use crate::common::{BODY, KEY_A, KEY_B, Reply, payment, send};
+pub use crate::common::{BODY, KEY_A, KEY_B, Reply, database_url, payment, send};
 /// Short enough for PostgreSQL tests to wait out.
 pub const LEASE: Duration = Duration::from_millis(400);
 pub const TTL: Duration = Duration::from_millis(1500);
@@ -52,27 +52,6 @@ pub struct Harness {
     pub router: Router,
     clock: Option<ManualClock>,
     drop_schema: Option<(String, String)>,
-}
-
-/// The PostgreSQL URL, or `None` (with a printed skip line) where no database was set up. Where
-/// CI set one up (`CI`, or `IDEMLOG_REQUIRE_POSTGRES=1`), a missing URL fails the test instead.
-pub fn database_url() -> Option<String> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            let required = std::env::var_os("CI").is_some()
-                || std::env::var("IDEMLOG_REQUIRE_POSTGRES").as_deref() == Ok("1");
-            assert!(
-                !required,
-                "DATABASE_URL is not set but the PostgreSQL tests are required here: \
-                 run them under scripts/pg-test-cluster"
-            );
-            eprintln!(
-                "SKIPPED on PostgreSQL: DATABASE_URL is not set (see scripts/pg-test-cluster)"
-            );
-            None
-        }
-    }
 }
 
 fn unique_schema() -> String {
