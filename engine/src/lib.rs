@@ -60,6 +60,7 @@ mod metrics;
 #[doc(hidden)]
 pub mod model;
 mod options;
+mod pending;
 mod quota;
 mod read_only;
 mod record;
@@ -78,6 +79,7 @@ pub use error::{Corruption, Error, Result};
 pub use limits::{MAX_KEY, MAX_SCOPE, MAX_VALUE};
 pub use metrics::HistogramSnapshot;
 pub use options::{CompactionPolicy, Durability, Options};
+pub use pending::{Deferred, Durable, Pending};
 pub use read_only::ReadOnlyStore;
 pub use record::{Record, RecordState};
 pub use recovery::{RecoveryReport, TornTail};

@@ -30,6 +30,7 @@ use crate::log::writer::LogWriter;
 use crate::maintenance::Maintenance;
 use crate::metrics::HistogramSnapshot;
 use crate::options::{Durability, Options};
+use crate::pending::{Deferred, Durable, Pending};
 use crate::quota::{Admit, ScopeCounts};
 use crate::record::{Record, RecordState};
 use crate::recovery::{self, RecoveryReport, Replay};
@@ -300,6 +301,30 @@ impl Store {
         ttl: Duration,
         options: &ClaimOptions<'_>,
     ) -> Result<ClaimOutcome> {
+        loop {
+            match self.claim_deferred(scope, key, fingerprint, ttl, options)? {
+                Deferred::Ready(outcome, pending) => {
+                    self.wait(pending)?;
+                    return Ok(outcome);
+                }
+                Deferred::NotVisible(pending) => self.wait(pending)?,
+            }
+        }
+    }
+
+    /// [`Store::claim_with`] without any wait for the disk: the claim is applied (later calls see
+    /// it) and its frame appended, and the [`Pending`] says what to wait for before acting on the
+    /// outcome (see the `pending` module). An outcome that shows an existing record (a replay, a
+    /// mismatch, a claim in progress) is only returned once that record is durable; before that the
+    /// answer is [`Deferred::NotVisible`]: wait for it, then claim again.
+    pub fn claim_deferred(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+        options: &ClaimOptions<'_>,
+    ) -> Result<Deferred<ClaimOutcome>> {
         self.check_usable()?;
         limits::check_record_key(scope, key)?;
         if options.request_digest.len() > op::MAX_DIGEST {
@@ -322,26 +347,33 @@ impl Store {
                 Some(entry) if entry.is_live(now) => {
                     if entry.fp_prefix != prefix {
                         drop(map);
-                        core.writer.wait_visible(entry.loc.end())?;
-                        return Ok(ClaimOutcome::Mismatch);
+                        if let Some(pending) = self.observe(entry.loc.end())? {
+                            return Ok(Deferred::NotVisible(pending));
+                        }
+                        return Ok(ready(ClaimOutcome::Mismatch));
                     }
                     // Same prefix: the full fingerprint is in the log. Read it without the lock.
                     let file = core.segments.get(entry.loc.segment);
                     drop(map);
+                    if let Some(pending) = self.observe(entry.loc.end())? {
+                        return Ok(Deferred::NotVisible(pending));
+                    }
                     let stored = self.read_record(&file, entry.loc)?;
                     if stored.fingerprint != fingerprint.0 {
-                        return Ok(ClaimOutcome::Mismatch);
+                        return Ok(ready(ClaimOutcome::Mismatch));
                     }
                     match (entry.lease_until, stored.response) {
-                        (None, Some(response)) => return Ok(ClaimOutcome::Completed(response)),
+                        (None, Some(response)) => {
+                            return Ok(ready(ClaimOutcome::Completed(response)));
+                        }
                         // Judged on the monotonic clock: a wall-clock step must neither expire a
                         // running handler's claim nor stretch a dead one's.
                         (Some(lease), _) if lease.get() > self.monotonic() => {
-                            return Ok(ClaimOutcome::InProgress {
+                            return Ok(ready(ClaimOutcome::InProgress {
                                 retry_after: Duration::from_millis(
                                     lease.get() - self.monotonic().min(lease.get()),
                                 ),
-                            });
+                            }));
                         }
                         (Some(_), _) => {
                             // Take over, unless the record changed while we were reading.
@@ -367,9 +399,9 @@ impl Store {
                 .scopes
                 .admit(scope, now, admit, options.max_live_per_scope)
             {
-                return Ok(ClaimOutcome::QuotaExceeded {
+                return Ok(ready(ClaimOutcome::QuotaExceeded {
                     retry_after: Duration::from_millis(wait_ms),
-                });
+                }));
             }
             let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
             let op = Op::InProgress {
@@ -395,8 +427,8 @@ impl Store {
             let deadline = self.lease_deadline();
             index::apply_record(&mut map, hash, id.as_bytes(), &op, loc[0], deadline);
             drop(map);
-            core.writer.commit(appended)?;
-            return Ok(ClaimOutcome::Acquired(ClaimToken {
+            core.writer.nudge(appended)?;
+            let token = ClaimToken {
                 id: id.as_bytes().into(),
                 fence,
                 takeover,
@@ -404,7 +436,11 @@ impl Store {
                 created_at: now,
                 expires_at,
                 digest: Bytes::copy_from_slice(options.request_digest),
-            }));
+            };
+            return Ok(Deferred::Ready(
+                ClaimOutcome::Acquired(token),
+                Pending::at(appended.end),
+            ));
         }
     }
 
@@ -417,6 +453,18 @@ impl Store {
         response: &StoredResponse,
         side: &[SideWrite],
     ) -> Result<()> {
+        let pending = self.complete_deferred(token, response, side)?;
+        self.wait(pending)
+    }
+
+    /// [`Store::complete`] without the wait for the disk: the completion is applied and appended;
+    /// the response may be sent once the [`Pending`] is durable.
+    pub fn complete_deferred(
+        &self,
+        token: &ClaimToken,
+        response: &StoredResponse,
+        side: &[SideWrite],
+    ) -> Result<Pending> {
         self.check_usable()?;
         let core = &*self.core;
         limits::check_response(response, core.options.max_value_bytes)?;
@@ -447,11 +495,18 @@ impl Store {
         }
         drop(side_map);
         drop(map);
-        core.writer.commit(appended)
+        core.writer.nudge(appended)?;
+        Ok(Pending::at(appended.end))
     }
 
     /// Gives up a held claim (the handler failed with a 5xx): the key is free again at once.
     pub fn release(&self, token: &ClaimToken) -> Result<()> {
+        let pending = self.release_deferred(token)?;
+        self.wait(pending)
+    }
+
+    /// [`Store::release`] without the wait for the disk.
+    pub fn release_deferred(&self, token: &ClaimToken) -> Result<Pending> {
         self.check_usable()?;
         let core = &*self.core;
         let now = self.now();
@@ -469,7 +524,8 @@ impl Store {
         index::apply_record(&mut map, hash, &token.id, &op, loc[0], 0);
         core.scopes.remove(scope, entry.expires_at);
         drop(map);
-        core.writer.commit(appended)
+        core.writer.nudge(appended)?;
+        Ok(Pending::at(appended.end))
     }
 
     /// Live records of `scope` as the quota counts them ([`ClaimOptions::max_live_per_scope`]): a
@@ -495,7 +551,8 @@ impl Store {
         let deadline = self.lease_deadline();
         index::apply_record(&mut map, hash, &token.id, &op, loc[0], deadline);
         drop(map);
-        core.writer.commit(appended)?;
+        core.writer.nudge(appended)?;
+        self.wait(Pending::at(appended.end))?;
         Ok(core.options.lease)
     }
 
@@ -523,6 +580,21 @@ impl Store {
 
     /// The live side record `(namespace, key)`, if any.
     pub fn side_get(&self, namespace: &[u8], key: &[u8]) -> Result<Option<Bytes>> {
+        loop {
+            match self.side_get_deferred(namespace, key)? {
+                Deferred::Ready(value, _) => return Ok(value),
+                Deferred::NotVisible(pending) => self.wait(pending)?,
+            }
+        }
+    }
+
+    /// [`Store::side_get`] that never waits for the disk: a record whose frame is not yet durable
+    /// is [`Deferred::NotVisible`] (wait, then call again).
+    pub fn side_get_deferred(
+        &self,
+        namespace: &[u8],
+        key: &[u8],
+    ) -> Result<Deferred<Option<Bytes>>> {
         self.check_usable()?;
         limits::check_side_key(namespace, key)?;
         let core = &*self.core;
@@ -535,23 +607,32 @@ impl Store {
             .filter(|e| e.is_live(now))
             .copied()
         else {
-            return Ok(None);
+            return Ok(ready(None));
         };
         let file = core.segments.get(entry.loc.segment);
         drop(map);
+        if let Some(pending) = self.observe(entry.loc.end())? {
+            return Ok(Deferred::NotVisible(pending));
+        }
         let bytes = self.read_op(&file, entry.loc)?;
         match op::decode_at(&bytes) {
-            Ok(Op::SidePut { value, .. }) => Ok(Some(bytes.slice_ref(value))),
+            Ok(Op::SidePut { value, .. }) => Ok(ready(Some(bytes.slice_ref(value)))),
             _ => Err(bad_location(&file, entry.loc)),
         }
     }
 
     /// Applies side-record writes as one atomic append.
     pub fn side_write(&self, writes: &[SideWrite]) -> Result<()> {
+        let pending = self.side_write_deferred(writes)?;
+        self.wait(pending)
+    }
+
+    /// [`Store::side_write`] without the wait for the disk.
+    pub fn side_write_deferred(&self, writes: &[SideWrite]) -> Result<Pending> {
         self.check_usable()?;
         let core = &*self.core;
         if writes.is_empty() {
-            return Ok(());
+            return Ok(Pending::none());
         }
         for write in writes {
             limits::check_side_write(write, core.options.max_value_bytes)?;
@@ -567,7 +648,49 @@ impl Store {
             index::apply_side(&mut map, *hash, id.as_bytes(), op, *loc);
         }
         drop(map);
-        core.writer.commit(appended)
+        core.writer.nudge(appended)?;
+        Ok(Pending::at(appended.end))
+    }
+
+    /// Blocks until `pending` is as durable as the durability mode promises: fdatasynced under
+    /// `Sync`, written to the OS under `Periodic`, nothing under `None`.
+    pub fn wait(&self, pending: Pending) -> Result<()> {
+        match pending.end {
+            None => Ok(()),
+            Some(end) => match self.core.options.durability {
+                Durability::Sync => self.core.writer.flush_to(end, true),
+                Durability::Periodic(_) => self.core.writer.flush_to(end, false),
+                Durability::None => Ok(()),
+            },
+        }
+    }
+
+    /// A future that resolves when `pending` is as durable as [`Store::wait`] would make it,
+    /// without blocking a thread: the store's committer thread flushes for every waiting task (group
+    /// commit). Fails with the error that poisoned the store, or [`Error::Closed`].
+    pub fn durable(&self, pending: Pending) -> Durable {
+        match pending.end {
+            Some(end) if self.core.options.durability != Durability::None => Durable {
+                writer: Some(Arc::clone(&self.core.writer)),
+                end,
+            },
+            _ => Durable {
+                writer: None,
+                end: crate::log::segment::Pos(0),
+            },
+        }
+    }
+
+    /// `None` if the log up to `end` may be shown to a caller now; otherwise what to wait for first.
+    /// Under `Sync` that means durable, which only a flush can make it, so the caller is told to
+    /// wait; in the other modes it means written to the OS, which is done here (no fdatasync).
+    fn observe(&self, end: crate::log::segment::Pos) -> Result<Option<Pending>> {
+        if self.core.options.durability == Durability::Sync {
+            Ok((!self.core.writer.is_synced(end)).then_some(Pending::at(end)))
+        } else {
+            self.core.writer.wait_visible(end)?;
+            Ok(None)
+        }
     }
 
     /// Makes everything appended so far durable, whatever the durability mode.
@@ -826,6 +949,11 @@ impl Drop for Threads {
             let _ = self.core.writer.sync_all();
         }
     }
+}
+
+/// An answer that needs no wait.
+fn ready<T>(value: T) -> Deferred<T> {
+    Deferred::Ready(value, Pending::none())
 }
 
 /// The entry a token holds, or `LeaseLost`.

@@ -1,10 +1,14 @@
-//! The background thread behind `Durability::Periodic` and `Durability::None`.
+//! The background thread of each durability mode.
 //!
 //! `Periodic(t)` fdatasyncs whatever was appended every `t`; `None` writes buffered frames to the OS
 //! every 50 ms so that a process crash loses at most that much, and sooner when the writer kicks it
 //! ([`Wakeup::kick`]) because a lot is buffered: the copy into the page cache then happens on this
-//! thread's core instead of on a caller's path. A failure poisons the writer like any other I/O
-//! failure, so the next caller learns of it.
+//! thread's core instead of on a caller's path. Under `Sync` the thread is the *committer*: it
+//! flushes on behalf of tasks that await durability without blocking a thread
+//! ([`crate::Store::durable`]); each such task kicks it when it registers, and it keeps flushing
+//! (group commit, with the writer's usual gathering) while any remain. Blocking callers still lead
+//! their own flushes; the two share the writer's single-leader protocol. A failure poisons the writer
+//! like any other I/O failure, so the next caller learns of it.
 
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -16,6 +20,10 @@ use super::writer::LogWriter;
 use crate::options::Durability;
 
 const NONE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Under `Sync`, how often the committer looks for waiters without being kicked: a safety net only,
+/// every registration kicks it.
+const COMMITTER_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How the writer (and [`Flusher::stop`]) wake the flusher thread before its interval is up.
 #[derive(Default)]
@@ -37,7 +45,7 @@ impl Wakeup {
         self.changed.notify_one();
     }
 
-    fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.state.lock().stopped = true;
         self.changed.notify_all();
     }
@@ -62,17 +70,17 @@ pub(crate) struct Flusher {
 impl Flusher {
     /// Starts the thread the durability mode needs, if any.
     pub(crate) fn start(writer: &Arc<LogWriter>, durability: Durability) -> Option<Flusher> {
-        let (interval, sync) = match durability {
-            Durability::Sync => return None,
-            Durability::Periodic(interval) => (interval, true),
-            Durability::None => (NONE_INTERVAL, false),
+        let (interval, round) = match durability {
+            Durability::Sync => (COMMITTER_INTERVAL, Round::ForWaiters),
+            Durability::Periodic(interval) => (interval, Round::Sync),
+            Durability::None => (NONE_INTERVAL, Round::Write),
         };
         let wakeup = writer.wakeup();
         let weak: Weak<LogWriter> = Arc::downgrade(writer);
         let thread_wakeup = Arc::clone(&wakeup);
         let handle = std::thread::Builder::new()
             .name("idemlog-flusher".into())
-            .spawn(move || run(weak, &thread_wakeup, interval, sync))
+            .spawn(move || run(weak, &thread_wakeup, interval, round))
             .ok()?;
         Some(Flusher {
             wakeup,
@@ -95,15 +103,40 @@ impl Drop for Flusher {
     }
 }
 
-fn run(writer: Weak<LogWriter>, wakeup: &Wakeup, interval: Duration, sync: bool) {
+/// What one round of the thread does.
+#[derive(Debug, Clone, Copy)]
+enum Round {
+    /// Write and fdatasync everything appended (`Periodic`).
+    Sync,
+    /// Write everything appended to the OS (`None`).
+    Write,
+    /// While tasks await durability, make everything appended durable (`Sync`).
+    ForWaiters,
+}
+
+fn run(writer: Weak<LogWriter>, wakeup: &Wakeup, interval: Duration, round: Round) {
     while wakeup.wait(interval) {
         let Some(writer) = writer.upgrade() else {
             break;
         };
-        let result = if sync {
-            writer.sync_all()
-        } else {
-            writer.write_all()
+        let result = match round {
+            Round::Sync => writer.sync_all(),
+            Round::Write => writer.write_all(),
+            Round::ForWaiters => {
+                // Tasks that registered during a flush are covered by the next one: loop until none
+                // is left, rather than sleeping and being kicked again.
+                // A round that moves nothing (every waiter left is covered, or waits for a frame
+                // not appended yet) ends the loop instead of spinning; the next kick resumes it.
+                let mut result = Ok(());
+                while result.is_ok() && writer.has_async_waiters() {
+                    let before = writer.synced_pos();
+                    result = writer.sync_all();
+                    if writer.synced_pos() == before {
+                        break;
+                    }
+                }
+                result
+            }
         };
         if result.is_err() {
             // The writer is poisoned and reports the cause to every caller; nothing more to do here.

@@ -1,8 +1,8 @@
 //! The log writer: appends frames, and group-commits them.
 //!
 //! Appending only encodes a frame into an in-memory buffer under a short mutex and returns the frame's
-//! end position. Making it durable is a separate step ([`LogWriter::commit`]) taken after the caller
-//! has released its index lock. There, callers elect a leader: the first caller that finds no flush in
+//! end position. Making it durable is a separate step (`Store::wait`, or the `Store::durable` future,
+//! see `pending.rs`) taken after the caller has released its index lock. There, callers elect a leader: the first caller that finds no flush in
 //! progress takes the whole buffer (its own frame and everything appended since the last flush), writes
 //! it with one `pwrite`, and issues one fdatasync, with the mutex released; everyone else waits on a
 //! condition variable until the durable position passes their own. A leader whose own frames are durable
@@ -23,6 +23,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Poll, Waker};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -105,6 +106,8 @@ struct State {
     poison: Option<Arc<Error>>,
     /// [`LogWriter::shut`] was called: nothing may be written any more.
     shut: bool,
+    /// Tasks awaiting a position ([`LogWriter::poll_durable`]): woken by the flush that covers it.
+    async_waiters: Vec<(Pos, Waker)>,
 }
 
 /// Appends frames to the active segment and makes them durable (see the module docs).
@@ -167,6 +170,7 @@ impl LogWriter {
                 rotating: false,
                 poison: None,
                 shut: false,
+                async_waiters: Vec::new(),
             }),
             flushed: [Condvar::new(), Condvar::new()],
             appended: Condvar::new(),
@@ -213,6 +217,10 @@ impl LogWriter {
         for waiting in &self.flushed {
             waiting.notify_all();
         }
+        Self::wake_all_async(&mut st);
+        drop(st);
+        // The committer thread may be asleep waiting for work: let it see the shutdown.
+        self.wakeup.stop();
     }
 
     fn poison(&self, st: &mut State, cause: Error) -> Error {
@@ -223,11 +231,12 @@ impl LogWriter {
             waiting.notify_all();
         }
         self.idle.notify_all();
+        Self::wake_all_async(st);
         Error::Poisoned(cause)
     }
 
     /// Encodes `ops` as one frame at the end of the log and stores each operation's location in the
-    /// matching element of `locs`. Nothing is durable yet: pass the result to [`LogWriter::commit`].
+    /// matching element of `locs`. Nothing is durable yet: pass the result to [`LogWriter::nudge`], then wait (`Store::wait`).
     pub(crate) fn append(&self, ops: &[Op<'_>], locs: &mut [Loc]) -> Result<Appended> {
         assert_eq!(ops.len(), locs.len(), "one location per operation");
         let payload: usize = ops.iter().map(Op::encoded_len).sum();
@@ -280,27 +289,100 @@ impl LogWriter {
         })
     }
 
-    /// Waits until an appended frame is as durable as the durability mode promises.
-    pub(crate) fn commit(&self, appended: Appended) -> Result<()> {
-        match self.durability {
-            Durability::Sync => self.flush(appended.end, true),
-            Durability::Periodic(_) => self.flush(appended.end, false),
-            Durability::None if appended.buffered >= NONE_FLUSH_BYTES => {
-                self.flush(appended.end, false)
+    /// What every append owes the writer right after it, whether or not its caller waits: under
+    /// `Durability::None`, a frame that takes the buffer past [`NONE_KICK_BYTES`] kicks the flusher,
+    /// and one that finds [`NONE_FLUSH_BYTES`] buffered writes the buffer out itself (which bounds
+    /// it). Nothing in the other modes, whose buffer is drained by the callers that wait.
+    pub(crate) fn nudge(&self, appended: Appended) -> Result<()> {
+        if self.durability != Durability::None {
+            return Ok(());
+        }
+        if appended.buffered >= NONE_FLUSH_BYTES {
+            return self.flush(appended.end, false);
+        }
+        // Only the frame that crosses the line kicks, so the mutex is not taken per call.
+        if appended.buffered >= NONE_KICK_BYTES
+            && appended.buffered - appended.frame_len < NONE_KICK_BYTES
+        {
+            self.wakeup.kick();
+        }
+        Ok(())
+    }
+
+    /// Whether the log up to `end` is as durable as a blocking `Store::wait` would make it,
+    /// or, once not, registers `waker` to be woken by the flush that makes it so (or by a failure).
+    /// Registering kicks the committer thread, which flushes for async waiters (see
+    /// `flusher.rs`). Under `Durability::None` nothing is waited for.
+    pub(crate) fn poll_durable(&self, end: Pos, waker: &Waker) -> Poll<Result<()>> {
+        let target = match self.durability {
+            Durability::None => return Poll::Ready(Ok(())),
+            Durability::Sync => &self.synced,
+            Durability::Periodic(_) => &self.written,
+        };
+        if Pos(target.load(Ordering::Acquire)).covers(end) {
+            return Poll::Ready(Ok(()));
+        }
+        let mut st = self.state.lock();
+        if let Err(e) = self.check(&st) {
+            return Poll::Ready(Err(e));
+        }
+        // Positions move under the mutex, and waiters are woken under it: no wake-up is lost.
+        if Pos(target.load(Ordering::Acquire)).covers(end) {
+            return Poll::Ready(Ok(()));
+        }
+        match st
+            .async_waiters
+            .iter_mut()
+            .find(|(at, w)| *at == end && w.will_wake(waker))
+        {
+            Some(_) => {}
+            None => st.async_waiters.push((end, waker.clone())),
+        }
+        drop(st);
+        self.wakeup.kick();
+        Poll::Pending
+    }
+
+    /// Wakes the async waiters the current positions cover; returns how many.
+    fn wake_async(&self, st: &mut State) -> usize {
+        if st.async_waiters.is_empty() {
+            return 0;
+        }
+        let target = match self.durability {
+            Durability::Sync => Pos::new(st.active.id, st.synced),
+            _ => Pos::new(st.active.id, st.written),
+        };
+        let mut woken = 0;
+        st.async_waiters.retain(|(end, waker)| {
+            if target.covers(*end) {
+                waker.wake_by_ref();
+                woken += 1;
+                false
+            } else {
+                true
             }
-            Durability::None => {
-                // Only the frame that crosses the line kicks, so the mutex is not taken per call.
-                if appended.buffered >= NONE_KICK_BYTES
-                    && appended.buffered - appended.frame_len < NONE_KICK_BYTES
-                {
-                    self.wakeup.kick();
-                }
-                Ok(())
-            }
+        });
+        woken
+    }
+
+    /// Wakes every async waiter: after a failure or a shutdown, each finds out when it polls.
+    fn wake_all_async(st: &mut State) {
+        for (_, waker) in st.async_waiters.drain(..) {
+            waker.wake();
         }
     }
 
-    /// Wakes the flusher thread early (see [`LogWriter::commit`]).
+    /// The synced position (for the committer's progress check).
+    pub(crate) fn synced_pos(&self) -> u64 {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// True while tasks await a flush.
+    pub(crate) fn has_async_waiters(&self) -> bool {
+        !self.state.lock().async_waiters.is_empty()
+    }
+
+    /// Wakes the flusher thread early (see [`LogWriter::nudge`]).
     pub(crate) fn wakeup(&self) -> Arc<Wakeup> {
         Arc::clone(&self.wakeup)
     }
@@ -309,6 +391,16 @@ impl LogWriter {
     /// OS (and so readable from the file) otherwise.
     pub(crate) fn wait_visible(&self, end: Pos) -> Result<()> {
         self.flush(end, self.durability == Durability::Sync)
+    }
+
+    /// Waits until the log up to `end` is written (and fdatasynced if `sync`).
+    pub(crate) fn flush_to(&self, end: Pos, sync: bool) -> Result<()> {
+        self.flush(end, sync)
+    }
+
+    /// Whether the log up to `end` is fdatasynced.
+    pub(crate) fn is_synced(&self, end: Pos) -> bool {
+        Pos(self.synced.load(Ordering::Acquire)).covers(end)
     }
 
     /// Writes and fdatasyncs everything appended so far.
@@ -486,7 +578,7 @@ impl LogWriter {
         }
         data.clear();
         st.spare = data;
-        st.woken = self.wake(generation);
+        st.woken = self.wake(generation) + self.wake_async(st);
         Ok(())
     }
 
@@ -535,6 +627,11 @@ impl LogWriter {
         };
         st.written = st.buf_start;
         st.synced = st.buf_start;
+        self.written
+            .store(Pos::new(old.id, st.written).0, Ordering::Release);
+        self.synced
+            .store(Pos::new(old.id, st.synced).0, Ordering::Release);
+        self.wake_async(st);
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
 
@@ -557,6 +654,7 @@ impl LogWriter {
         self.written.store(pos, Ordering::Release);
         self.synced.store(pos, Ordering::Release);
         self.wake(second);
+        self.wake_async(st);
         Ok(())
     }
 }
