@@ -8,6 +8,13 @@
 //! blocking pool would cost more than the call (a futex wake and two context switches per round trip,
 //! most of the HTTP layer's overhead in a profile), so it runs inline. The exceptions are bounded and
 //! rare: a `write` of 256 KiB of buffered frames, and the fdatasync that seals a full segment.
+//!
+//! The engine's *deferred* calls (`claim_deferred`, `complete_deferred`, …) never wait for the
+//! disk either, in any mode: they append and return a `Pending`, and under `Sync` the caller awaits
+//! `Store::durable`, a future the engine's committer thread resolves. So under `Sync` too they run
+//! inline, and a thousand requests waiting for one fdatasync hold no thread
+//! ([`StoreCalls::for_deferred`]). Under `Periodic`, making a write visible may wait behind the
+//! flusher's fdatasync, so they stay on the blocking pool there.
 
 use idemlog::{Durability, Store};
 use tokio::task::JoinError;
@@ -27,6 +34,14 @@ impl StoreCalls {
         match store.durability() {
             Durability::None => StoreCalls::Inline,
             Durability::Sync | Durability::Periodic(_) => StoreCalls::BlockingPool,
+        }
+    }
+
+    /// Where deferred engine calls (which return a `Pending` instead of waiting) run for `store`.
+    pub fn for_deferred(store: &Store) -> Self {
+        match store.durability() {
+            Durability::None | Durability::Sync => StoreCalls::Inline,
+            Durability::Periodic(_) => StoreCalls::BlockingPool,
         }
     }
 
@@ -68,6 +83,19 @@ mod tests {
         assert_eq!(StoreCalls::for_store(&none), StoreCalls::Inline);
         assert_eq!(StoreCalls::for_store(&sync), StoreCalls::BlockingPool);
         assert_eq!(StoreCalls::for_store(&periodic), StoreCalls::BlockingPool);
+    }
+
+    #[test]
+    fn deferred_calls_run_inline_unless_a_write_may_wait_behind_the_flusher() {
+        let none = store_with(Durability::None);
+        let sync = store_with(Durability::Sync);
+        let periodic = store_with(Durability::Periodic(Duration::from_millis(50)));
+        assert_eq!(StoreCalls::for_deferred(&none), StoreCalls::Inline);
+        assert_eq!(StoreCalls::for_deferred(&sync), StoreCalls::Inline);
+        assert_eq!(
+            StoreCalls::for_deferred(&periodic),
+            StoreCalls::BlockingPool
+        );
     }
 
     #[tokio::test]

@@ -353,6 +353,44 @@ async fn a_claim_left_by_a_crash_is_taken_over_by_the_first_retry_with_one_charg
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_short_by_a_crash_before_its_completion_leaves_nothing_behind() {
+    // The claim and the provider's charge record are not waited for on their own (the
+    // completion's fdatasync covers them). A crash before the completion therefore loses both
+    // together: the retry runs as a new request and is charged exactly once.
+    let mut t = TestApp::with(Settings {
+        latency: Duration::from_secs(5),
+        ..Settings::default()
+    });
+    let router = t.router.clone();
+    let doomed =
+        tokio::spawn(async move { send(&router, payment(KEY_A, Some("order-1"), BODY)).await });
+    // Watch the engine's in-memory counts, which (unlike the charge counter) show writes that are
+    // not durable yet: the charge record and its counter stripe.
+    let engine = t.store.engine().expect("store open");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while engine.metrics().side_records < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the charge was never made"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(engine.metrics().records, 1, "the claim is held in memory");
+    assert_eq!(engine.metrics().syncs, 0, "nothing waited for the disk yet");
+    t.settings.latency = Duration::ZERO;
+    t.crash_and_restart();
+    doomed.abort();
+
+    assert_eq!(t.charges().await, 0, "the charge died with its request");
+    let retry = t.pay(KEY_A, "order-1", BODY).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(!retry.replayed());
+    assert_eq!(t.outcome(Outcome::Executed), 1);
+    assert_eq!(t.outcome(Outcome::TakenOver), 0, "no claim survived");
+    assert_eq!(t.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_key_is_409_with_a_short_retry_after_hint() {
     let t = TestApp::with(Settings {
         latency: Duration::from_millis(300),

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use idemlog::{Durability, Options, SideWrite, Store};
+use idemlog::{Deferred, Durability, Options, SideWrite, Store};
 use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
@@ -71,8 +71,26 @@ struct Shared {
 #[derive(Clone)]
 struct Opened {
     store: Store,
+    /// Where blocking engine calls run.
     calls: StoreCalls,
+    /// Where deferred engine calls (append now, wait for the disk separately) run.
+    deferred: StoreCalls,
     counters: Arc<Counters>,
+}
+
+/// Whether a deferred call's caller waits for its own write to be durable before it returns.
+///
+/// Only a write whose effect leaves the process needs its own wait: the completion and the release
+/// that precede a response. A claim and the provider's charge record are followed by the request's
+/// completion or release, and the log makes frames durable in append order, so that wait covers
+/// them; a crash before it loses them together with a request that never got an answer (see
+/// `engine/DURABILITY.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OwnWrite {
+    /// Wait until the call's own write is durable.
+    Wait,
+    /// Return once it is applied; a later wait of the same request covers it.
+    Covered,
 }
 
 /// In-memory copies of the persisted counters, loaded on first use from the store they belong to.
@@ -92,23 +110,28 @@ impl Counters {
         }
         let mut loaded = Vec::with_capacity(COUNTER_STRIPES);
         for stripe in 0..COUNTER_STRIPES {
-            let key = counter_key(name, stripe);
-            let value = match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
-                None => 0,
-                // A counter record that does not parse is corrupt data; counting from zero would
-                // make the counter go down, so refuse.
-                Some(bytes) => std::str::from_utf8(&bytes)
-                    .ok()
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or(idemlog::Error::InvalidArgument(
-                        "a counter record does not hold a number",
-                    ))?,
-            };
-            loaded.push(Mutex::new(value));
+            loaded.push(Mutex::new(read_stripe(store, name, stripe)?));
         }
         let stripes: Stripes = loaded.into();
         by_name.push((name, Arc::clone(&stripes)));
         Ok(stripes)
+    }
+}
+
+/// One stripe of a persisted counter as the log holds it. Blocking: a stripe whose latest record is
+/// not durable yet is waited for, so a value read here survives a crash.
+fn read_stripe(store: &Store, name: &str, stripe: usize) -> idemlog::Result<u64> {
+    let key = counter_key(name, stripe);
+    match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
+        None => Ok(0),
+        // A counter record that does not parse is corrupt data; counting from zero would make the
+        // counter go down, so refuse.
+        Some(bytes) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or(idemlog::Error::InvalidArgument(
+                "a counter record does not hold a number",
+            )),
     }
 }
 
@@ -195,6 +218,60 @@ impl EmbeddedStore {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(self.engine_error(e)),
             Err(join) => Err(StoreError::Internal(format!("store task failed: {join}"))),
+        }
+    }
+
+    /// Runs a deferred engine call: one that appends and applies its write without waiting for the
+    /// disk, and answers [`Deferred::NotVisible`] rather than show a record that is not durable yet.
+    /// Such an answer is awaited and the call made again; then the call's own write is awaited if
+    /// `own` says so. Under `Sync` the awaits are futures (no thread is held); under `Periodic` the
+    /// whole call runs on the blocking pool.
+    async fn call_deferred<T: Send + 'static>(
+        &self,
+        own: OwnWrite,
+        call: impl Fn(&Opened) -> idemlog::Result<Deferred<T>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let opened = self.opened()?;
+        let result = match opened.deferred {
+            StoreCalls::Inline => Self::deferred_inline(&opened, own, call).await,
+            StoreCalls::BlockingPool => {
+                let run = move || loop {
+                    match call(&opened)? {
+                        Deferred::NotVisible(pending) => opened.store.wait(pending)?,
+                        Deferred::Ready(value, pending) => {
+                            if own == OwnWrite::Wait {
+                                opened.store.wait(pending)?;
+                            }
+                            return Ok(value);
+                        }
+                    }
+                };
+                match tokio::task::spawn_blocking(run).await {
+                    Ok(result) => result,
+                    Err(join) => {
+                        return Err(StoreError::Internal(format!("store task failed: {join}")));
+                    }
+                }
+            }
+        };
+        result.map_err(|e| self.engine_error(e))
+    }
+
+    async fn deferred_inline<T>(
+        opened: &Opened,
+        own: OwnWrite,
+        call: impl Fn(&Opened) -> idemlog::Result<Deferred<T>>,
+    ) -> idemlog::Result<T> {
+        loop {
+            match call(opened)? {
+                Deferred::NotVisible(pending) => opened.store.durable(pending).await?,
+                Deferred::Ready(value, pending) => {
+                    if own == OwnWrite::Wait {
+                        opened.store.durable(pending).await?;
+                    }
+                    return Ok(value);
+                }
+            }
         }
     }
 
@@ -323,6 +400,7 @@ impl Opened {
     fn new(store: Store) -> Self {
         Self {
             calls: StoreCalls::for_store(&store),
+            deferred: StoreCalls::for_deferred(&store),
             store,
             counters: Arc::default(),
         }
@@ -377,43 +455,46 @@ impl IdempotencyStore for EmbeddedStore {
         ttl: Duration,
         extras: &ClaimExtras,
     ) -> Result<ClaimOutcome, StoreError> {
-        let (scope, key, fp) = (scope.to_owned(), key.to_owned(), *fingerprint);
+        let (owned_scope, owned_key, fp) = (scope.to_owned(), key.to_owned(), *fingerprint);
         let extras = extras.clone();
-        self.call(move |o| {
-            let options = idemlog::ClaimOptions {
-                request_digest: extras.request_digest.as_deref().unwrap_or_default(),
-                max_live_per_scope: extras.max_live_keys,
-            };
-            let (scope, key) = (scope.as_bytes(), key.as_bytes());
-            Ok(match o.store.claim_with(scope, key, &fp, ttl, &options)? {
-                idemlog::ClaimOutcome::Acquired(token) => ClaimOutcome::Acquired(ClaimToken {
-                    scope: lossy(token.scope()),
-                    key: lossy(token.key()),
-                    fence: token.fence(),
-                    takeover: token.takeover(),
-                    expires_at_ms: token.expires_at_ms(),
-                    handle: Some(Arc::new(token)),
-                }),
-                idemlog::ClaimOutcome::InProgress { retry_after } => ClaimOutcome::InProgress {
-                    lease_left: retry_after,
-                },
-                idemlog::ClaimOutcome::Completed(stored) => ClaimOutcome::Completed(stored),
-                // The engine answers a mismatch from memory when it can; the digest is in the
-                // log, read only for this (rare) answer. The record may have changed in
-                // between: the digest is then that of the record there now, as good a
-                // comparison for the client.
-                idemlog::ClaimOutcome::Mismatch => ClaimOutcome::Mismatch {
-                    request_digest: o
-                        .store
-                        .get(scope, key)?
-                        .and_then(|record| record.request_digest),
-                },
-                idemlog::ClaimOutcome::QuotaExceeded { retry_after } => {
-                    ClaimOutcome::QuotaExceeded { retry_after }
-                }
+        let outcome = self
+            .call_deferred(OwnWrite::Covered, move |o| {
+                let options = idemlog::ClaimOptions {
+                    request_digest: extras.request_digest.as_deref().unwrap_or_default(),
+                    max_live_per_scope: extras.max_live_keys,
+                };
+                let (scope, key) = (owned_scope.as_bytes(), owned_key.as_bytes());
+                o.store.claim_deferred(scope, key, &fp, ttl, &options)
             })
+            .await?;
+        Ok(match outcome {
+            idemlog::ClaimOutcome::Acquired(token) => ClaimOutcome::Acquired(ClaimToken {
+                scope: lossy(token.scope()),
+                key: lossy(token.key()),
+                fence: token.fence(),
+                takeover: token.takeover(),
+                expires_at_ms: token.expires_at_ms(),
+                handle: Some(Arc::new(token)),
+            }),
+            idemlog::ClaimOutcome::InProgress { retry_after } => ClaimOutcome::InProgress {
+                lease_left: retry_after,
+            },
+            idemlog::ClaimOutcome::Completed(stored) => ClaimOutcome::Completed(stored),
+            // The engine answers a mismatch from memory when it can; the digest is in the log,
+            // read only for this (rare) answer. The record may have changed in between: the
+            // digest is then that of the record there now, as good a comparison for the client.
+            idemlog::ClaimOutcome::Mismatch => {
+                let (scope, key) = (scope.to_owned(), key.to_owned());
+                let request_digest = self
+                    .call(move |o| o.store.get(scope.as_bytes(), key.as_bytes()))
+                    .await?
+                    .and_then(|record| record.request_digest);
+                ClaimOutcome::Mismatch { request_digest }
+            }
+            idemlog::ClaimOutcome::QuotaExceeded { retry_after } => {
+                ClaimOutcome::QuotaExceeded { retry_after }
+            }
         })
-        .await
     }
 
     async fn complete(
@@ -426,16 +507,20 @@ impl IdempotencyStore for EmbeddedStore {
         let response = response.clone();
         let records = records.to_vec();
         let now = self.shared.options.clock.now_ms();
-        self.call(move |o| {
+        self.call_deferred(OwnWrite::Wait, move |o| {
             let side = o.side_writes(&records, now);
-            o.store.complete(&engine, &response, &side)
+            let pending = o.store.complete_deferred(&engine, &response, &side)?;
+            Ok(Deferred::Ready((), pending))
         })
         .await
     }
 
     async fn release(&self, token: &ClaimToken) -> Result<(), StoreError> {
         let engine = engine_token(token)?.clone();
-        self.call(move |o| o.store.release(&engine)).await
+        self.call_deferred(OwnWrite::Wait, move |o| {
+            Ok(Deferred::Ready((), o.store.release_deferred(&engine)?))
+        })
+        .await
     }
 
     async fn extend(&self, token: &ClaimToken) -> Result<Duration, StoreError> {
@@ -478,8 +563,11 @@ impl IdempotencyStore for EmbeddedStore {
     async fn write_records(&self, writes: &[RecordWrite]) -> Result<(), StoreError> {
         let writes = writes.to_vec();
         let now = self.shared.options.clock.now_ms();
-        self.call(move |o| o.store.side_write(&o.side_writes(&writes, now)))
-            .await
+        self.call_deferred(OwnWrite::Wait, move |o| {
+            let pending = o.store.side_write_deferred(&o.side_writes(&writes, now))?;
+            Ok(Deferred::Ready((), pending))
+        })
+        .await
     }
 
     async fn insert_once(
@@ -489,16 +577,22 @@ impl IdempotencyStore for EmbeddedStore {
     ) -> Result<InsertOnce, StoreError> {
         let write = write.clone();
         let now = self.shared.options.clock.now_ms();
-        self.call(move |o| {
+        // The insert's own write is covered by the wait of the request that made it (its
+        // completion or release): see `OwnWrite`. An existing record is only shown once durable.
+        self.call_deferred(OwnWrite::Covered, move |o| {
             let stripe = stripe_of(write.namespace, &write.key);
             let stripes = o.counters.stripes(&o.store, counter)?;
             let mut count = stripes[stripe].lock();
             let ns = write.namespace.as_bytes();
-            if let Some(existing) = o.store.side_get(ns, write.key.as_bytes())? {
-                return Ok(InsertOnce::Existing(existing));
+            match o.store.side_get_deferred(ns, write.key.as_bytes())? {
+                Deferred::NotVisible(pending) => return Ok(Deferred::NotVisible(pending)),
+                Deferred::Ready(Some(existing), pending) => {
+                    return Ok(Deferred::Ready(InsertOnce::Existing(existing), pending));
+                }
+                Deferred::Ready(None, _) => {}
             }
             let next = *count + 1;
-            o.store.side_write(&[
+            let pending = o.store.side_write_deferred(&[
                 o.side_write(&write, now),
                 SideWrite::put(
                     COUNTERS_NAMESPACE,
@@ -507,15 +601,18 @@ impl IdempotencyStore for EmbeddedStore {
                 ),
             ])?;
             *count = next;
-            Ok(InsertOnce::Inserted)
+            Ok(Deferred::Ready(InsertOnce::Inserted, pending))
         })
         .await
     }
 
     async fn counter(&self, name: &'static str) -> Result<u64, StoreError> {
+        // Read from the log, not from the in-memory copies: an increment whose charge record is not
+        // durable yet must not be shown (a crash could still take both back).
         self.call(move |o| {
-            let stripes = o.counters.stripes(&o.store, name)?;
-            Ok(stripes.iter().map(|s| *s.lock()).sum())
+            (0..COUNTER_STRIPES)
+                .map(|stripe| read_stripe(&o.store, name, stripe))
+                .sum()
         })
         .await
     }

@@ -12,9 +12,17 @@
 //!   only while the token still holds the key; otherwise it writes nothing and fails with
 //!   [`StoreError::LeaseLost`];
 //! - **release** and **extend** are guarded by the token the same way;
-//! - a call returns `Ok` only once what it wrote is durable in the backend's terms (the engine's
-//!   durability mode; a committed PostgreSQL transaction), so a response is never sent for a record
-//!   that a crash could lose;
+//! - **durability**, in the backend's terms (the engine's durability mode; a committed PostgreSQL
+//!   transaction):
+//!   - `complete`, `release` and `write_records` return `Ok` only once what they wrote is durable,
+//!     so a response is never sent for a record that a crash could lose;
+//!   - writes become durable in the order their calls returned: whatever a call wrote is durable
+//!     once a later call's write is. `claim` and `insert_once` may therefore return before their
+//!     own write is durable (the embedded engine does, the database does not): the request that
+//!     made them ends with a `complete` or `release`, whose wait covers them, and a crash before
+//!     that loses them together with a request that never got an answer;
+//!   - anything a call *shows* (a replayed response, a mismatch, a claim in progress, an existing
+//!     record) is durable: nobody acts on what a crash could take back;
 //! - a scope never sees another scope's keys: `(scope, key)` pairs are compared as pairs, never
 //!   joined into one ambiguous string.
 //!
