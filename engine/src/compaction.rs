@@ -4,7 +4,8 @@
 //! The inputs are every segment but the active one. Compaction runs in four phases:
 //!
 //! 1. **Collect** the locations of live records (unexpired, still pointed at by the index) that lie in
-//!    the inputs, one shard lock at a time.
+//!    the inputs, one shard lock at a time; then fdatasync the log, so that every newer version that
+//!    made an input operation garbage is durable before that operation is dropped.
 //! 2. **Copy** those operations verbatim (they are self-contained snapshots) into new `.cseg` files,
 //!    fdatasync them and the directory. No lock is held; the writer keeps appending to the active
 //!    segment, which is not an input.
@@ -169,8 +170,21 @@ impl Core {
         };
 
         let locs = self.collect_live(&input_ids);
-        // Read before the copy: every fence handed out later lands in the tail.
-        let fence_floor = self.next_fence.load(Ordering::SeqCst);
+        // An input operation that the index no longer points at was superseded by a newer version
+        // in the tail, so it is not copied; the switch then deletes it. That is only safe once the
+        // newer version is durable, and it need not be yet: its caller may still be waiting for the
+        // fdatasync, or may not wait at all (a deferred write). Without this sync a crash after the
+        // switch would lose both versions of the record. Versions appended after the collect step
+        // are harmless: the operations they supersede were live then, so they are copied.
+        self.writer.sync_all()?;
+        // Read before the copy: every fence handed out later lands in the tail. The reserved
+        // limit, not just the next fence: the fence-floor operation that reserved it may sit in an
+        // input, which this compaction drops, while fences below the limit are handed out before
+        // their claims are durable.
+        let fence_floor = self
+            .next_fence
+            .load(Ordering::SeqCst)
+            .max(self.fence_limit.load(Ordering::SeqCst));
         let outputs = match self.write_outputs(&locs) {
             Ok(outputs) => outputs,
             Err((e, written)) => {

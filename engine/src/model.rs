@@ -11,6 +11,17 @@
 //! An operation that fails because the I/O layer failed is *in doubt*: its frame may or may not have
 //! reached the disk. The simulation accepts either outcome after the next open, but only those two,
 //! and checks that a completion's side records share its fate.
+//!
+//! *Unacknowledged* writes ([`Step::ClaimUnacked`], [`Step::SideUnacked`]) are the deferred calls
+//! whose `Pending` nobody waits for, as the server does for a request's claim and its provider
+//! record. The model applies them at once (the process sees them) and remembers the world before
+//! each. The argument that makes skipping those waits safe is checked here:
+//! - any later acknowledged write makes every earlier one durable (prefix durability), so the
+//!   worlds are forgotten;
+//! - showing a record (a `get`, a claim that replays, refuses or answers "in progress") makes it
+//!   durable first, so the worlds before the write that made it are forgotten;
+//! - a crash may only lose a suffix of the unacknowledged writes: the store must reopen to one of
+//!   the remembered worlds, never to a mix.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -70,6 +81,26 @@ pub enum Step {
         /// Token index.
         token: u8,
     },
+    /// Claim like [`Step::Claim`], through `claim_deferred`, and do not wait for the claim's own
+    /// write if it acquires (an answer that shows an existing record is durable already).
+    ClaimUnacked {
+        /// Scope index.
+        scope: u8,
+        /// Key index.
+        key: u8,
+        /// Fingerprint number.
+        fp: u8,
+        /// TTL index.
+        ttl: u8,
+    },
+    /// Put a side record (like the provider's charge record) through `side_write_deferred`, and do
+    /// not wait for it.
+    SideUnacked {
+        /// Key index (the side record of that key).
+        key: u8,
+        /// Distinguishes the value.
+        value: u8,
+    },
     /// Read a record back.
     Get {
         /// Scope index.
@@ -128,7 +159,17 @@ impl Step {
         let mut it = bytes.iter().copied();
         while let Some(tag) = it.next() {
             let mut next = || it.next().unwrap_or(0);
-            let step = match tag % 20 {
+            let step = match tag % 22 {
+                20 => Step::ClaimUnacked {
+                    scope: next(),
+                    key: next(),
+                    fp: next() % 4,
+                    ttl: next(),
+                },
+                21 => Step::SideUnacked {
+                    key: next(),
+                    value: next(),
+                },
                 0..=4 => Step::Claim {
                     scope: next(),
                     key: next(),
@@ -243,12 +284,26 @@ impl Model {
     }
 }
 
+/// A state a crash may leave while unacknowledged writes are outstanding.
+#[derive(Debug, Clone)]
+struct World {
+    /// What the write that led here wrote (`None` for the world before the first of them).
+    touch: Option<Touch>,
+    model: Model,
+}
+
+/// What an unacknowledged write wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Touch {
+    Record((usize, usize)),
+    Side(String),
+}
+
 /// An operation whose outcome is unknown because the I/O under it failed.
 #[derive(Debug, Clone)]
 struct InDoubt {
     /// The model if the operation reached the disk.
     applied: Model,
-    key: (usize, usize),
 }
 
 /// Runs steps against a real store and the model side by side.
@@ -262,6 +317,9 @@ pub struct Simulation {
     last_fence: u64,
     poisoned: bool,
     in_doubt: Option<InDoubt>,
+    /// While unacknowledged writes are outstanding: the world before the first of them, then the
+    /// world after each, with what it wrote. Empty when everything applied is durable.
+    worlds: Vec<World>,
     segment_size: u32,
     /// The expiry of every record any claim may have written, to bound wall-clock steps back.
     expiries: Vec<u64>,
@@ -286,6 +344,7 @@ impl Simulation {
             last_fence: 0,
             poisoned: false,
             in_doubt: None,
+            worlds: Vec::new(),
             segment_size,
             expiries: Vec::new(),
         };
@@ -360,10 +419,40 @@ impl Simulation {
             }),
             Step::Release { token } => self.with_token(token, Self::release),
             Step::Extend { token } => self.with_token(token, Self::extend),
-            Step::Get { scope, key } => self.check_key((
+            Step::ClaimUnacked {
+                scope,
+                key,
+                fp,
+                ttl,
+            } => self.claim_unacked(
                 usize::from(scope) % SCOPES.len(),
                 usize::from(key) % KEYS.len(),
-            )),
+                fp,
+                TTLS_S[usize::from(ttl) % TTLS_S.len()],
+            ),
+            Step::SideUnacked { key, value } => {
+                self.side_unacked(usize::from(key) % KEYS.len(), value)
+            }
+            Step::Get { scope, key } => {
+                let id = (
+                    usize::from(scope) % SCOPES.len(),
+                    usize::from(key) % KEYS.len(),
+                );
+                if !self.poisoned && !self.worlds.is_empty() {
+                    // Showing an unacknowledged record makes it durable first: this read may be
+                    // the flush an injected fault hits, which leaves those writes in doubt.
+                    let store = self.store().clone();
+                    if let Err(e) = store.get(SCOPES[id.0].as_bytes(), KEYS[id.1].as_bytes()) {
+                        return self.failed("get", e, None);
+                    }
+                }
+                let checked = self.check_key(id);
+                // Only a live record is shown (and so made durable first).
+                if checked.is_ok() && !self.poisoned && self.model.live(id, self.now()).is_some() {
+                    self.observed(&Touch::Record(id));
+                }
+                checked
+            }
             Step::Advance { ms } => {
                 self.clock.advance(Duration::from_millis(u64::from(ms)));
                 Ok(())
@@ -427,7 +516,10 @@ impl Simulation {
             return Ok(());
         }
         let store = self.store().clone();
-        self.check_all_in(&store)
+        self.check_all_in(&store, &self.model)?;
+        // Every record was shown, so every one of them is durable now.
+        self.worlds.clear();
+        Ok(())
     }
 
     /// Opens a copy of the file system after a simulated power loss and checks that it holds exactly
@@ -440,14 +532,37 @@ impl Simulation {
         fork.crash(CrashMode::DropUnsynced);
         let options = self.options().storage(Arc::new(fork));
         let store = Store::open(&self.dir, options).map_err(|e| format!("probe open: {e}"))?;
-        self.check_all_in(&store)
-            .map_err(|e| format!("after a power loss here: {e}"))
+        // Unacknowledged writes may be lost, but only as a suffix: one of the worlds must match.
+        let mut first_error = None;
+        for model in self.possible_worlds() {
+            match self.check_all_in(&store, model) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Err(format!(
+            "after a power loss here ({} possible worlds): {}",
+            self.worlds.len().max(1),
+            first_error.unwrap_or_default()
+        ))
     }
 
-    fn check_all_in(&self, store: &Store) -> Result<(), String> {
+    /// The states a crash now may leave: the model itself, or with unacknowledged writes
+    /// outstanding, the world after each of them, the latest first, down to the world before them.
+    fn possible_worlds(&self) -> Vec<&Model> {
+        if self.worlds.is_empty() {
+            vec![&self.model]
+        } else {
+            self.worlds.iter().rev().map(|w| &w.model).collect()
+        }
+    }
+
+    fn check_all_in(&self, store: &Store, model: &Model) -> Result<(), String> {
         for scope in 0..SCOPES.len() {
             for key in 0..KEYS.len() {
-                self.check_key_in(store, (scope, key))?;
+                self.check_key_in(store, (scope, key), model)?;
             }
         }
         for key in 0..KEYS.len() {
@@ -455,14 +570,48 @@ impl Simulation {
             let found = store
                 .side_get(SIDE_NS.as_bytes(), name.as_bytes())
                 .map_err(|e| format!("side_get {name}: {e}"))?;
-            if found.as_ref() != self.model.side.get(&name) {
+            if found.as_ref() != model.side.get(&name) {
                 return Err(format!(
                     "side {name}: store {found:?}, model {:?}",
-                    self.model.side.get(&name)
+                    model.side.get(&name)
                 ));
             }
         }
         Ok(())
+    }
+
+    /// An acknowledged write is durable, and with it every write before it.
+    fn acknowledged(&mut self) {
+        self.worlds.clear();
+    }
+
+    /// The store showed the record `touch` names, so the write that made it is durable, and every
+    /// write before it: the worlds before that write are no longer possible.
+    fn observed(&mut self, touch: &Touch) {
+        if let Some(i) = self
+            .worlds
+            .iter()
+            .rposition(|w| w.touch.as_ref() == Some(touch))
+        {
+            self.worlds.drain(..i);
+            if self.worlds.len() == 1 {
+                self.worlds.clear();
+            }
+        }
+    }
+
+    /// Records an unacknowledged write that took the model from `before` to its current state.
+    fn unacked(&mut self, touch: Touch, before: Model) {
+        if self.worlds.is_empty() {
+            self.worlds.push(World {
+                touch: None,
+                model: before,
+            });
+        }
+        self.worlds.push(World {
+            touch: Some(touch),
+            model: self.model.clone(),
+        });
     }
 
     fn with_token(
@@ -516,7 +665,77 @@ impl Simulation {
             &fingerprint(fp),
             Duration::from_secs(ttl_s),
         );
-        self.claimed(scope, key, fp, ttl_s, result)
+        let tokens = self.tokens.len();
+        self.claimed(scope, key, fp, ttl_s, result)?;
+        if self.tokens.len() > tokens {
+            self.acknowledged();
+        } else if !self.poisoned {
+            self.observed(&Touch::Record((scope, key)));
+        }
+        Ok(())
+    }
+
+    /// See [`Step::ClaimUnacked`].
+    fn claim_unacked(
+        &mut self,
+        scope: usize,
+        key: usize,
+        fp: u8,
+        ttl_s: u64,
+    ) -> Result<(), String> {
+        let store = self.store().clone();
+        let (scope_b, key_b) = (SCOPES[scope].as_bytes(), KEYS[key].as_bytes());
+        let options = crate::claim::ClaimOptions::default();
+        let ttl = Duration::from_secs(ttl_s);
+        let result = loop {
+            match store.claim_deferred(scope_b, key_b, &fingerprint(fp), ttl, &options) {
+                Err(e) => break Err(e),
+                // Waiting here is what the server does: only the answer's record is waited for.
+                Ok(crate::Deferred::NotVisible(pending)) => {
+                    if let Err(e) = store.wait(pending) {
+                        break Err(e);
+                    }
+                }
+                Ok(crate::Deferred::Ready(outcome, pending)) => {
+                    if !matches!(outcome, ClaimOutcome::Acquired(_)) && !pending.is_done() {
+                        return Err(format!("{outcome:?} came with a write to wait for"));
+                    }
+                    break Ok(outcome);
+                }
+            }
+        };
+        let before = self.model.clone();
+        let tokens = self.tokens.len();
+        // A failure here is an I/O failure on a flush for an observed record, or a poisoned store:
+        // `claimed` handles both as for a waited claim.
+        self.claimed(scope, key, fp, ttl_s, result)?;
+        if self.tokens.len() > tokens {
+            self.unacked(Touch::Record((scope, key)), before);
+        } else if !self.poisoned {
+            self.observed(&Touch::Record((scope, key)));
+        }
+        Ok(())
+    }
+
+    /// See [`Step::SideUnacked`].
+    fn side_unacked(&mut self, key: usize, value: u8) -> Result<(), String> {
+        let name = side_key(key);
+        let value = Bytes::from(format!("charge {value}"));
+        let write = SideWrite::put(SIDE_NS, name.clone(), value.clone());
+        match self.store().side_write_deferred(&[write]) {
+            Ok(_) if self.poisoned => Err("side write succeeded on a poisoned store".into()),
+            Ok(pending) => {
+                if pending.is_done() {
+                    return Err("a side write came without a write to wait for".into());
+                }
+                let before = self.model.clone();
+                self.model.side.insert(name.clone(), value);
+                self.unacked(Touch::Side(name), before);
+                Ok(())
+            }
+            // Appending writes nothing to disk, so only an earlier poisoning can refuse it.
+            Err(e) => self.failed("side write", e, None),
+        }
     }
 
     /// See [`Step::RotationRace`].
@@ -596,7 +815,11 @@ impl Simulation {
                 Ok(())
             }
             Err(e) => Err(format!("filler side write: {e}")),
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // The filler's writes were waited for, and everything before them with them.
+                self.acknowledged();
+                Ok(())
+            }
         }
     }
 
@@ -666,7 +889,7 @@ impl Simulation {
                     {
                         *holder = None;
                     }
-                    InDoubt { applied, key: id }
+                    InDoubt { applied }
                 });
                 return self.failed("claim", e, doubt);
             }
@@ -747,6 +970,7 @@ impl Simulation {
             Ok(()) if self.poisoned => Err("complete succeeded on a poisoned store".into()),
             Ok(()) if held => {
                 self.model = applied;
+                self.acknowledged();
                 Ok(())
             }
             Ok(()) => Err(format!(
@@ -754,7 +978,7 @@ impl Simulation {
             )),
             Err(crate::Error::LeaseLost { .. }) if !held && !self.poisoned => Ok(()),
             Err(e) => {
-                let doubt = held.then_some(InDoubt { applied, key: id });
+                let doubt = held.then_some(InDoubt { applied });
                 self.failed("complete", e, doubt)
             }
         }
@@ -769,6 +993,7 @@ impl Simulation {
             Ok(()) if self.poisoned => Err("release succeeded on a poisoned store".into()),
             Ok(()) if held => {
                 self.model = applied;
+                self.acknowledged();
                 Ok(())
             }
             Ok(()) => Err(format!(
@@ -776,7 +1001,7 @@ impl Simulation {
             )),
             Err(crate::Error::LeaseLost { .. }) if !held && !self.poisoned => Ok(()),
             Err(e) => {
-                let doubt = held.then_some(InDoubt { applied, key: id });
+                let doubt = held.then_some(InDoubt { applied });
                 self.failed("release", e, doubt)
             }
         }
@@ -804,6 +1029,7 @@ impl Simulation {
             Ok(_) if self.poisoned => Err("extend succeeded on a poisoned store".into()),
             Ok(_) if held => {
                 self.model = applied;
+                self.acknowledged();
                 Ok(())
             }
             Ok(_) => Err(format!(
@@ -811,7 +1037,7 @@ impl Simulation {
             )),
             Err(crate::Error::LeaseLost { .. }) if !held && !self.poisoned => Ok(()),
             Err(e) => {
-                let doubt = held.then_some(InDoubt { applied, key: id });
+                let doubt = held.then_some(InDoubt { applied });
                 self.failed("extend", e, doubt)
             }
         }
@@ -820,10 +1046,10 @@ impl Simulation {
     /// Compares what `get` shows for one key with the model.
     fn check_key(&mut self, id: (usize, usize)) -> Result<(), String> {
         let store = self.store().clone();
-        self.check_key_in(&store, id)
+        self.check_key_in(&store, id, &self.model)
     }
 
-    fn check_key_in(&self, store: &Store, id: (usize, usize)) -> Result<(), String> {
+    fn check_key_in(&self, store: &Store, id: (usize, usize), model: &Model) -> Result<(), String> {
         let now = self.now();
         let got = store.get(SCOPES[id.0].as_bytes(), KEYS[id.1].as_bytes());
         let got = match got {
@@ -834,7 +1060,7 @@ impl Simulation {
         if self.poisoned {
             return Err("get succeeded on a poisoned store".into());
         }
-        let want = self.model.live(id, now);
+        let want = model.live(id, now);
         match (got, want) {
             (None, None) => Ok(()),
             (Some(g), Some(w)) => {
@@ -864,9 +1090,13 @@ impl Simulation {
     fn reopen(&mut self, crash: Option<CrashMode>) -> Result<(), String> {
         let store = self.store.take().expect("open store");
         match crash {
-            None if !self.poisoned => {
-                store.close().map_err(|e| format!("close: {e}"))?;
-            }
+            None if !self.poisoned => match store.close() {
+                Ok(()) => {}
+                // The close's flush is the first wait for unacknowledged writes: it may be what an
+                // injected fault hits. They are then in doubt, as after any failed flush.
+                Err(e) if e.is_poisoned() && !self.worlds.is_empty() => self.poisoned = true,
+                Err(e) => return Err(format!("close: {e}")),
+            },
             None => {
                 let _ = store.close();
             }
@@ -891,23 +1121,39 @@ impl Simulation {
             Err(e) => return Err(format!("open: {e}")),
         };
         self.store = Some(store);
-        self.poisoned = false;
-        self.model.end_leases();
-        if let Some(mut doubt) = self.in_doubt.take() {
-            doubt.applied.end_leases();
-            // Keep whichever of the two possible worlds the store shows; both are legitimate. The
-            // world without the operation is tried first: it knows the fence of the record there,
-            // while the other cannot know the fence of a claim whose token was never handed out,
-            // so only the first can tell the two apart when they look alike otherwise.
-            if self.check_key(doubt.key).is_err() || self.check_all().is_err() {
-                self.model = doubt.applied;
-            }
+        let was_poisoned = std::mem::replace(&mut self.poisoned, false);
+        // The worlds the reopened store may show. A clean close of a healthy store syncs
+        // everything, so only the model itself; otherwise any world the unacknowledged writes
+        // allow (latest first), and last the world with the operation in doubt, if any. The worlds
+        // without it are tried first: they know the fence of every record, while the world with it
+        // cannot know the fence of a claim whose token was never handed out, so only they can tell
+        // the worlds apart when they look alike otherwise.
+        let mut candidates: Vec<Model> = if crash.is_none() && !was_poisoned {
+            vec![self.model.clone()]
+        } else {
+            self.possible_worlds().into_iter().cloned().collect()
+        };
+        self.worlds.clear();
+        if let Some(doubt) = self.in_doubt.take() {
+            candidates.push(doubt.applied);
+        }
+        // Fences keep growing whichever world this is: the store hands them out below a durable
+        // floor, so not even a claim lost in the crash has its fence handed out again.
+        let mut first_error = None;
+        for mut candidate in candidates {
+            candidate.end_leases();
             if crash.is_some() {
-                self.tokens.clear();
-                self.model.forget_holders();
+                candidate.forget_holders();
+            }
+            self.model = candidate;
+            match self.check_all() {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
         }
-        self.check_all()
+        Err(first_error.unwrap_or_default())
     }
 }
 

@@ -40,6 +40,9 @@ use crate::storage::LockGuard;
 
 const SHARDS: usize = 64;
 
+/// Fencing tokens reserved by one durable fence-floor operation (see [`Store::new_fence`]).
+const FENCE_RESERVE: u64 = 1 << 20;
+
 /// An open idempotency store. Cheap to clone; clones share one store.
 #[derive(Clone)]
 pub struct Store {
@@ -61,6 +64,11 @@ pub(crate) struct Core {
     /// shard, then a scope shard.
     pub(crate) scopes: ScopeCounts,
     pub(crate) next_fence: AtomicU64,
+    /// Fences below this are covered by a fence floor that is durable in the log (or in the
+    /// manifest), so no crash can make the store hand them out again.
+    pub(crate) fence_limit: AtomicU64,
+    /// Held while a block of fences is reserved: one reservation at a time.
+    fence_reserve: Mutex<()>,
     pub(crate) closed: AtomicBool,
     pub(crate) report: RecoveryReport,
     /// Held for the whole of a compaction: one at a time.
@@ -194,6 +202,7 @@ impl Store {
         ));
         let flusher = Flusher::start(&writer, options.durability);
         let scopes = ScopeCounts::rebuild(&records, options.clock.now_ms());
+        let recovered_next_fence = recovered.next_fence;
         let core = Arc::new(Core {
             dir,
             lease_ms: duration_ms(options.lease),
@@ -204,6 +213,9 @@ impl Store {
             side,
             scopes,
             next_fence: AtomicU64::new(recovered.next_fence),
+            // Nothing reserved yet: open reserves the first block below.
+            fence_limit: AtomicU64::new(recovered.next_fence),
+            fence_reserve: Mutex::new(()),
             closed: AtomicBool::new(false),
             report: recovered.report,
             compaction: Mutex::new(()),
@@ -220,7 +232,11 @@ impl Store {
             flusher: Mutex::new(flusher),
             maintenance: Mutex::new(maintenance),
         });
-        Ok(Store { core, threads })
+        let store = Store { core, threads };
+        // Reserved here rather than at the first claim, which may run where a flush must not wait
+        // (inside an async task, or behind a rotation it is part of).
+        store.reserve_fences(recovered_next_fence)?;
+        Ok(store)
     }
 
     /// True once an I/O failure (a failed write or fdatasync, a full disk, an ambiguous compaction
@@ -403,7 +419,13 @@ impl Store {
                     retry_after: Duration::from_millis(wait_ms),
                 }));
             }
-            let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
+            let fence = match self.new_fence() {
+                Ok(fence) => fence,
+                Err(e) => {
+                    core.scopes.undo(scope, admit);
+                    return Err(e);
+                }
+            };
             let op = Op::InProgress {
                 head: Head {
                     scope,
@@ -442,6 +464,41 @@ impl Store {
                 Pending::at(appended.end),
             ));
         }
+    }
+
+    /// A fencing token no claim of this directory has had before, not even one that a crash took
+    /// back before it was durable: a claim is handed out before its frame is durable (see
+    /// [`Store::claim_deferred`]), so the largest fence in the log does not bound the fences handed
+    /// out. Fences are therefore handed out below a *fence floor* that is already durable: when
+    /// they run out, a fence-floor operation reserving the next [`FENCE_RESERVE`] is appended and
+    /// fdatasynced first (at open, then once per that many claims), and
+    /// recovery starts above every floor it replays.
+    fn new_fence(&self) -> Result<u64> {
+        let core = &*self.core;
+        let fence = core.next_fence.fetch_add(1, Ordering::Relaxed);
+        loop {
+            if fence < core.fence_limit.load(Ordering::Acquire) {
+                return Ok(fence);
+            }
+            let _one = core.fence_reserve.lock();
+            if fence < core.fence_limit.load(Ordering::Acquire) {
+                return Ok(fence);
+            }
+            self.reserve_fences(fence)?;
+        }
+    }
+
+    /// Makes fences `from..from + FENCE_RESERVE` safe to hand out: appends a fence floor above
+    /// them and fdatasyncs it (in every durability mode), then raises the limit.
+    fn reserve_fences(&self, from: u64) -> Result<()> {
+        let core = &*self.core;
+        let limit = from.saturating_add(FENCE_RESERVE);
+        let op = Op::FenceFloor { next_fence: limit };
+        let mut loc = [Loc::default()];
+        let appended = core.writer.append(&[op], &mut loc)?;
+        core.writer.flush_to(appended.end, true)?;
+        core.fence_limit.store(limit, Ordering::Release);
+        Ok(())
     }
 
     /// Completes a held claim with its final response and, in the same atomic append, the side

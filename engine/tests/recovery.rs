@@ -73,7 +73,11 @@ fn torn_tail_is_truncated_on_open() {
         .expect("torn tail reported");
     assert_eq!(torn.offset, valid_len);
     assert_eq!(torn.discarded, frame.len() as u64 - 3);
-    assert_eq!(f.fs.read_file(&path).unwrap().len() as u64, valid_len);
+    // Cut back to the valid prefix, then the open appended its fence floor (a 24-byte header and a
+    // 9-byte operation).
+    let reopened = f.fs.read_file(&path).unwrap();
+    assert_eq!(reopened.len() as u64, valid_len + 33);
+    assert_eq!(reopened[..valid_len as usize], bytes[..valid_len as usize]);
     assert!(matches!(
         store.claim(b"acct", b"k", &fp(1), TTL).unwrap(),
         ClaimOutcome::Completed(_)
@@ -118,8 +122,9 @@ fn checksum_failure_before_the_tail_names_file_and_offset() {
     drop(store);
     let path = f.segment_path(1);
     let mut bytes = f.fs.read_file(&path).unwrap();
-    let first_frame = 32;
-    bytes[first_frame + 40] ^= 0xff; // inside the first frame's payload
+    // After the segment header (32 bytes) and the fence floor the open wrote (33 bytes).
+    let first_frame = 32 + 33;
+    bytes[first_frame + 40] ^= 0xff; // inside the first claim's payload
     f.fs.write_file(&path, &bytes);
     match Store::open(&f.dir, f.options()) {
         Err(Error::Corrupt {
@@ -164,17 +169,18 @@ fn unknown_frame_tag_is_rejected_not_skipped() {
     drop(f.open());
     let path = f.segment_path(1);
     let mut bytes = f.fs.read_file(&path).unwrap();
-    bytes.extend_from_slice(&raw_frame(0x42, 32, b"future"));
+    let durable = bytes.len() as u64;
+    bytes.extend_from_slice(&raw_frame(0x42, durable, b"future"));
     f.fs.write_file(&path, &bytes);
     let err = Store::open(&f.dir, f.options()).err().unwrap();
     assert!(
         matches!(
             err,
             Error::Corrupt {
-                offset: 32,
+                offset,
                 reason: Corruption::UnknownFrameTag(0x42),
                 ..
-            }
+            } if offset == durable
         ),
         "{err}"
     );

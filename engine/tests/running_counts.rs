@@ -145,10 +145,11 @@ fn fdatasync_and_group_commit_histograms_count_synced_operations() {
     let m = store.metrics();
     assert_eq!(m.fdatasync_seconds.count, m.syncs);
     assert!(m.fdatasync_seconds.sum > 0.0);
-    // 10 claims (1 operation each) and 10 completions (2 each), one caller: 20 syncs, 30 operations.
-    assert_eq!(m.commit_batch_operations.count, 20);
+    // The fence floor written at open, then 10 claims (1 operation each) and 10 completions (2
+    // each), one caller: 21 syncs, 31 operations.
+    assert_eq!(m.commit_batch_operations.count, 21);
     let ops: f64 = m.commit_batch_operations.sum;
-    assert_eq!(ops, 30.0);
+    assert_eq!(ops, 31.0);
     assert_eq!(m.records, 10);
     assert_eq!(m.side_records, 10);
     store.close().expect("close");

@@ -201,8 +201,8 @@ fn completion_and_side_records_land_together() {
     );
     assert_eq!(
         store.stats().frames_appended,
-        2,
-        "claim + one completion frame"
+        3,
+        "the open's fence floor, the claim, and one completion frame"
     );
 }
 

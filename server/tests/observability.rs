@@ -108,13 +108,17 @@ async fn every_series_of_the_embedded_backend_is_exposed() {
     }
     assert!(text.contains("# TYPE idemlog_fdatasync_duration_seconds histogram\n"));
     assert!(text.contains("# TYPE idemlog_commit_batch_operations histogram\n"));
-    // Durability sync: the request's five operations (claim; the provider's charge record and its
-    // counter stripe; the completion and the payment record) were made durable together, by the one
-    // fdatasync the completion waited for.
-    let batches = sample(&text, "idemlog_commit_batch_operations_count ").expect("count");
-    assert_eq!(batches, 1.0, "{text}");
-    let synced_ops = sample(&text, "idemlog_commit_batch_operations_sum ").expect("sum");
-    assert_eq!(synced_ops, 5.0, "{text}");
+    // Durability sync: a new key's five operations (claim; the provider's charge record and its
+    // counter stripe; the completion and the payment record) are made durable together, by the one
+    // fdatasync the completion waits for. (The first claim after open also synced a fence floor.)
+    let batches =
+        |text: &str| sample(text, "idemlog_commit_batch_operations_count ").expect("count");
+    let synced_ops =
+        |text: &str| sample(text, "idemlog_commit_batch_operations_sum ").expect("sum");
+    t.pay(KEY_A, "order-2", BODY).await;
+    let after = scrape(&t).await;
+    assert_eq!(batches(&after) - batches(&text), 1.0, "{after}");
+    assert_eq!(synced_ops(&after) - synced_ops(&text), 5.0, "{after}");
 }
 
 #[tokio::test]
