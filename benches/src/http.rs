@@ -602,3 +602,44 @@ pub fn default_server_bin() -> String {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "idemlog-server".to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXPOSITION: &str = "# TYPE idemlog_syncs_total counter\n\
+        idemlog_syncs_total 9.0\n\
+        # TYPE idemlog_commit_batch_operations histogram\n\
+        idemlog_commit_batch_operations_bucket{le=\"+Inf\"} 9\n\
+        idemlog_commit_batch_operations_sum 15.0\n\
+        idemlog_commit_batch_operations_count 9\n";
+
+    #[test]
+    fn metric_value_reads_unlabelled_samples_only() {
+        assert_eq!(metric_value(EXPOSITION, "idemlog_syncs_total"), Some(9.0));
+        assert_eq!(
+            metric_value(EXPOSITION, "idemlog_commit_batch_operations_sum"),
+            Some(15.0)
+        );
+        assert_eq!(
+            metric_value(EXPOSITION, "idemlog_commit_batch_operations_count"),
+            Some(9.0)
+        );
+        // A prefix of another name, a labelled sample, and a missing name.
+        assert_eq!(metric_value(EXPOSITION, "idemlog_syncs"), None);
+        assert_eq!(
+            metric_value(EXPOSITION, "idemlog_commit_batch_operations_bucket"),
+            None
+        );
+        assert_eq!(metric_value(EXPOSITION, "idemlog_records"), None);
+    }
+
+    #[test]
+    fn dechunk_joins_chunks() {
+        assert_eq!(
+            dechunk("5\r\nhello\r\n1;x=y\r\n!\r\n0\r\n\r\n").as_deref(),
+            Some("hello!")
+        );
+        assert_eq!(dechunk("5\r\nhel"), None);
+    }
+}

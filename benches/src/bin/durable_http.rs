@@ -685,9 +685,14 @@ fn main() {
             }
             let h = &outcome.latency;
             let achieved = outcome.requests as f64 / outcome.elapsed.as_secs_f64();
-            let cpu = outcome.server_cpu.as_secs_f64() * 1e6 / outcome.requests.max(1) as f64;
+            let cpu = if outcome.requests == 0 {
+                "–".to_owned()
+            } else {
+                let us = outcome.server_cpu.as_secs_f64() * 1e6 / outcome.requests as f64;
+                format!("{us:.0}")
+            };
             open_rows.push(format!(
-                "| {} | {rate:.0} | {achieved:.0} ({:.1}%) | {} | {} | {} | {} | {} / {} | {} | {} | {} | {cpu:.0} |",
+                "| {} | {rate:.0} | {achieved:.0} ({:.1}%) | {} | {} | {} | {} | {} / {} | {} | {} | {} | {cpu} |",
                 config.name(),
                 achieved / rate * 100.0,
                 ms(h.value_at_quantile(0.50)),
@@ -757,5 +762,52 @@ fn main() {
             "\n{total_errors} requests failed or were never sent: the figures above exclude them"
         );
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposition(syncs: u64, sum: u64, count: u64) -> String {
+        format!(
+            "idemlog_syncs_total {syncs}.0\nidemlog_commit_batch_operations_sum {sum}.0\n\
+             idemlog_commit_batch_operations_count {count}\n"
+        )
+    }
+
+    #[test]
+    fn sync_totals_sum_the_windows() {
+        let mut totals = SyncTotals::new();
+        let w1 = (exposition(10, 100, 10), exposition(30, 700, 30));
+        let w2 = (exposition(50, 900, 40), exposition(70, 1300, 50));
+        totals.add(100, Duration::from_secs(1), Some(&w1));
+        totals.add(100, Duration::from_secs(1), Some(&w2));
+        assert_eq!(
+            totals.row("new, sync", "closed"),
+            "| new, sync | closed | 200 | 40 | 0.200 | 33.3 | 20 |"
+        );
+    }
+
+    #[test]
+    fn missing_metrics_read_n_a() {
+        let full = (exposition(1, 1, 1), exposition(2, 3, 2));
+        let mut totals = SyncTotals::new();
+        totals.add(100, Duration::from_secs(1), Some(&full));
+        totals.add(100, Duration::from_secs(1), None);
+        assert_eq!(
+            totals.row("baseline, sync", "closed"),
+            "| baseline, sync | closed | 200 | n/a | n/a | n/a | n/a |"
+        );
+        let old = (
+            "idemlog_records 3\n".to_owned(),
+            "idemlog_records 5\n".to_owned(),
+        );
+        let mut totals = SyncTotals::new();
+        totals.add(100, Duration::from_secs(1), Some(&old));
+        assert_eq!(
+            totals.row("baseline, none", "open"),
+            "| baseline, none | open | 100 | n/a | n/a | n/a | n/a |"
+        );
     }
 }
