@@ -29,6 +29,10 @@
 //!    resolution, so up to about 1 ms of every open-loop latency can be the client's, plus waiting
 //!    for a connection still busy with an earlier request).
 //!
+//! Before every run (closed and open) it runs `sync`, unless `--sync-before-runs off`: a `none`
+//! server leaves hundreds of MiB of dirty page cache, and the kernel writing it back during the
+//! next run slows that run's fdatasyncs (the page cache flushed is shown per run).
+//!
 //! Every response must be a 201; anything else is an error, and the first one's status and body
 //! start are printed. The tables are markdown, printed with the command line and the load average
 //! at the start; the exit status is 1 if any recorded request failed. Only 127.0.0.1 is contacted.
@@ -404,6 +408,32 @@ fn run_open(rt: &tokio::runtime::Runtime, spec: &OpenSpec) -> OpenOutcome {
     }
 }
 
+/// `Dirty:` of `/proc/meminfo`, bytes.
+fn dirty_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("Dirty:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// With `enabled`, writes back every dirty page of the machine (`sync`) before a run, so that the
+/// pages a `none` server left dirty are not written back during the next run, where they would
+/// slow the `sync` servers' fdatasyncs. Returns a note for the per-run table.
+fn flush_page_cache(enabled: bool) -> String {
+    if !enabled {
+        return "–".to_owned();
+    }
+    let dirty = dirty_bytes();
+    let started = Instant::now();
+    let ok = Command::new("sync").status().is_ok_and(|s| s.success());
+    let took = started.elapsed();
+    match (ok, dirty) {
+        (true, Some(d)) => format!("{:.0} MiB, {took:.1?}", d as f64 / (1 << 20) as f64),
+        (true, None) => format!("{took:.1?}"),
+        (false, _) => "sync failed".to_owned(),
+    }
+}
+
 /// Milliseconds with two decimals, from microseconds.
 fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1e3)
@@ -499,7 +529,20 @@ fn main() {
         "recorded time of each open-loop run",
     );
     let rust_log = flags.string("rust-log", "warn", "RUST_LOG of every server");
+    let flush = flags.string(
+        "sync-before-runs",
+        "on",
+        "on: run `sync` before every run, so one run's dirty pages are not written back in the next",
+    );
     flags.finish();
+    let flush = match flush.as_str() {
+        "on" => true,
+        "off" => false,
+        other => {
+            eprintln!("--sync-before-runs {other:?}: use on or off");
+            std::process::exit(2);
+        }
+    };
     if connections == 0 || open_connections == 0 || rounds == 0 {
         eprintln!("--connections, --open-loop-connections and --rounds must be at least 1");
         std::process::exit(2);
@@ -542,15 +585,23 @@ fn main() {
     );
     println!(
         "closed loop: {connections} keep-alive connections, one client thread, new key per request, \
-         {warmup:?} warm-up + {duration:?} per run, {rounds} rounds, order rotated every round\n"
+         {warmup:?} warm-up + {duration:?} per run, {rounds} rounds, order rotated every round"
+    );
+    println!(
+        "before every run: {}\n",
+        if flush {
+            "`sync` (the dirty page cache written back: its size before, and how long it took)"
+        } else {
+            "nothing (--sync-before-runs off)"
+        }
     );
 
     // 1 and 2: closed loop, with the fsync metrics of every window.
     println!("## Closed loop, per run\n");
     println!(
-        "| configuration | round | req/s | p50 | p99 | requests | errors | server CPU/request | server cores busy | fdatasyncs/request |"
+        "| configuration | round | req/s | p50 | p99 | requests | errors | server CPU/request | server cores busy | fdatasyncs/request | synced before |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut closed: Vec<ClosedRuns> = configs
         .iter()
         .map(|_| ClosedRuns {
@@ -567,6 +618,7 @@ fn main() {
         for step in 0..configs.len() {
             let i = (step + round) % configs.len();
             let config = &configs[i];
+            let flushed = flush_page_cache(flush);
             let (outcome, after): (Outcome, u64) = run(
                 &rt,
                 &RunSpec {
@@ -588,7 +640,7 @@ fn main() {
                 |s| format!("{:.3}", s / outcome.requests.max(1) as f64),
             );
             println!(
-                "| {} | {} | {:.0} | {:.2?} | {:.2?} | {} | {} | {:.0} µs | {:.2} | {per_request} |",
+                "| {} | {} | {:.0} | {:.2?} | {:.2?} | {} | {} | {:.0} µs | {:.2} | {per_request} | {flushed} |",
                 config.name(),
                 round + 1,
                 outcome.rate(),
@@ -667,6 +719,7 @@ fn main() {
                 );
                 continue;
             }
+            let flushed = flush_page_cache(flush);
             let outcome = run_open(
                 &rt,
                 &OpenSpec {
@@ -692,7 +745,7 @@ fn main() {
                 format!("{us:.0}")
             };
             open_rows.push(format!(
-                "| {} | {rate:.0} | {achieved:.0} ({:.1}%) | {} | {} | {} | {} | {} / {} | {} | {} | {} | {cpu} |",
+                "| {} | {rate:.0} | {achieved:.0} ({:.1}%) | {} | {} | {} | {} | {} / {} | {} | {} | {} | {cpu} | {flushed} |",
                 config.name(),
                 achieved / rate * 100.0,
                 ms(h.value_at_quantile(0.50)),
@@ -748,9 +801,9 @@ fn main() {
              sent before the drain limit.\n"
         );
         println!(
-            "| configuration | target req/s | achieved req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | max (ms) | send delay p50 / p99 (ms) | requests | errors | unsent | server CPU/request (µs) |"
+            "| configuration | target req/s | achieved req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | max (ms) | send delay p50 / p99 (ms) | requests | errors | unsent | server CPU/request (µs) | synced before |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for row in &open_rows {
             println!("{row}");
         }
