@@ -1,9 +1,12 @@
 //! Shared pieces of the idemlog benchmarks: request keys, a pool of caller threads timed as one
-//! batch, scratch directories, process memory, and a small flag parser for the binaries.
+//! batch, scratch directories, process memory, and a small flag parser for the binaries; [`http`]
+//! has what the HTTP load generators share (server start and stop, requests, the connection loop).
 //!
 //! The criterion benchmarks are in `benches/store/`; the binaries in `src/bin/` are the HTTP load
-//! generator (`loadgen`), the steady-state soak (`soak`), index memory per key (`keymem`) and the
-//! table builder (`report`). `BENCHMARKS.md` at the repository root has the commands and results.
+//! generators (`loadgen`: layer on vs off; `durable_http`: durability sync vs none, closed and open
+//! loop, fdatasyncs per request), the steady-state soak (`soak`), index memory per key (`keymem`)
+//! and the table builder (`report`). `BENCHMARKS.md` at the repository root has the commands and
+//! results.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idemlog::StoredResponse;
+
+pub mod http;
 
 /// Length of an idempotency key in these benchmarks: a UUID in its text form.
 pub const KEY_LEN: usize = 36;
