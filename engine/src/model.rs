@@ -665,10 +665,24 @@ impl Simulation {
             &fingerprint(fp),
             Duration::from_secs(ttl_s),
         );
-        let tokens = self.tokens.len();
+        self.claimed_and(scope, key, fp, ttl_s, result, |sim, _| sim.acknowledged())
+    }
+
+    /// [`Simulation::claimed`], then: a claim that acquired runs `acquired` (with the model before
+    /// it); one that answered from an existing live record showed it, so that record is durable.
+    fn claimed_and(
+        &mut self,
+        scope: usize,
+        key: usize,
+        fp: u8,
+        ttl_s: u64,
+        result: crate::Result<ClaimOutcome>,
+        acquired: impl FnOnce(&mut Self, Model),
+    ) -> Result<(), String> {
+        let (before, tokens) = (self.model.clone(), self.tokens.len());
         self.claimed(scope, key, fp, ttl_s, result)?;
         if self.tokens.len() > tokens {
-            self.acknowledged();
+            acquired(self, before);
         } else if !self.poisoned {
             self.observed(&Touch::Record((scope, key)));
         }
@@ -687,34 +701,22 @@ impl Simulation {
         let (scope_b, key_b) = (SCOPES[scope].as_bytes(), KEYS[key].as_bytes());
         let options = crate::claim::ClaimOptions::default();
         let ttl = Duration::from_secs(ttl_s);
-        let result = loop {
-            match store.claim_deferred(scope_b, key_b, &fingerprint(fp), ttl, &options) {
-                Err(e) => break Err(e),
-                // Waiting here is what the server does: only the answer's record is waited for.
-                Ok(crate::Deferred::NotVisible(pending)) => {
-                    if let Err(e) = store.wait(pending) {
-                        break Err(e);
-                    }
+        // Waiting for a NotVisible record is what the server does: only the answer's record.
+        let result = store
+            .until_visible(|| store.claim_deferred(scope_b, key_b, &fingerprint(fp), ttl, &options))
+            .and_then(|(outcome, pending)| {
+                if !matches!(outcome, ClaimOutcome::Acquired(_)) && !pending.is_done() {
+                    return Err(crate::Error::InvalidArgument(
+                        "a claim that acquired nothing came with a write to wait for",
+                    ));
                 }
-                Ok(crate::Deferred::Ready(outcome, pending)) => {
-                    if !matches!(outcome, ClaimOutcome::Acquired(_)) && !pending.is_done() {
-                        return Err(format!("{outcome:?} came with a write to wait for"));
-                    }
-                    break Ok(outcome);
-                }
-            }
-        };
-        let before = self.model.clone();
-        let tokens = self.tokens.len();
+                Ok(outcome)
+            });
         // A failure here is an I/O failure on a flush for an observed record, or a poisoned store:
         // `claimed` handles both as for a waited claim.
-        self.claimed(scope, key, fp, ttl_s, result)?;
-        if self.tokens.len() > tokens {
-            self.unacked(Touch::Record((scope, key)), before);
-        } else if !self.poisoned {
-            self.observed(&Touch::Record((scope, key)));
-        }
-        Ok(())
+        self.claimed_and(scope, key, fp, ttl_s, result, |sim, before| {
+            sim.unacked(Touch::Record((scope, key)), before);
+        })
     }
 
     /// See [`Step::SideUnacked`].

@@ -317,12 +317,21 @@ impl Store {
         ttl: Duration,
         options: &ClaimOptions<'_>,
     ) -> Result<ClaimOutcome> {
+        let (outcome, pending) =
+            self.until_visible(|| self.claim_deferred(scope, key, fingerprint, ttl, options))?;
+        self.wait(pending)?;
+        Ok(outcome)
+    }
+
+    /// Makes a deferred call until its answer is [`Deferred::Ready`], waiting (blocking) for each
+    /// [`Deferred::NotVisible`] record first; returns the answer and what its own write waits for.
+    pub fn until_visible<T>(
+        &self,
+        mut call: impl FnMut() -> Result<Deferred<T>>,
+    ) -> Result<(T, Pending)> {
         loop {
-            match self.claim_deferred(scope, key, fingerprint, ttl, options)? {
-                Deferred::Ready(outcome, pending) => {
-                    self.wait(pending)?;
-                    return Ok(outcome);
-                }
+            match call()? {
+                Deferred::Ready(value, pending) => return Ok((value, pending)),
                 Deferred::NotVisible(pending) => self.wait(pending)?,
             }
         }
@@ -637,12 +646,8 @@ impl Store {
 
     /// The live side record `(namespace, key)`, if any.
     pub fn side_get(&self, namespace: &[u8], key: &[u8]) -> Result<Option<Bytes>> {
-        loop {
-            match self.side_get_deferred(namespace, key)? {
-                Deferred::Ready(value, _) => return Ok(value),
-                Deferred::NotVisible(pending) => self.wait(pending)?,
-            }
-        }
+        self.until_visible(|| self.side_get_deferred(namespace, key))
+            .map(|(value, _)| value)
     }
 
     /// [`Store::side_get`] that never waits for the disk: a record whose frame is not yet durable

@@ -235,16 +235,12 @@ impl EmbeddedStore {
         let result = match opened.deferred {
             StoreCalls::Inline => Self::deferred_inline(&opened, own, call).await,
             StoreCalls::BlockingPool => {
-                let run = move || loop {
-                    match call(&opened)? {
-                        Deferred::NotVisible(pending) => opened.store.wait(pending)?,
-                        Deferred::Ready(value, pending) => {
-                            if own == OwnWrite::Wait {
-                                opened.store.wait(pending)?;
-                            }
-                            return Ok(value);
-                        }
+                let run = move || {
+                    let (value, pending) = opened.store.until_visible(|| call(&opened))?;
+                    if own == OwnWrite::Wait {
+                        opened.store.wait(pending)?;
                     }
+                    Ok(value)
                 };
                 match tokio::task::spawn_blocking(run).await {
                     Ok(result) => result,
