@@ -27,9 +27,14 @@ pub(crate) struct SegmentFile {
 }
 
 impl SegmentFile {
-    /// Reads the bytes of one operation.
+    /// Reads the bytes of one operation. `loc` must lie in bytes the log writer has written: a
+    /// location in a sealed segment, or one that `LogWriter::wait_visible` has returned for. The
+    /// read tells the file so ([`StorageFile::written_prefix`]), which lets it serve reads of the
+    /// active segment from a memory map.
     pub(crate) fn read(&self, loc: Loc) -> Result<Bytes> {
         debug_assert_eq!(loc.segment, self.id);
+        self.file
+            .written_prefix(u64::from(loc.offset) + u64::from(loc.len));
         self.file
             .read_at(u64::from(loc.offset), loc.len as usize)
             .map_err(|e| Error::io("read", &self.path, e))

@@ -55,6 +55,13 @@ pub trait StorageFile: Send + Sync + 'static {
     fn seal(&self) -> io::Result<()> {
         Ok(())
     }
+    /// A hint that the first `len` bytes of the file are written and stay as they are, never
+    /// rewritten nor truncated, for as long as this handle is open (the file is only appended to from
+    /// here on), so reads inside them may use a memory map. The engine calls it on the segment being
+    /// appended to, with a position its writer has already written.
+    fn written_prefix(&self, len: u64) {
+        let _ = len;
+    }
 }
 
 /// Holds a directory lock until dropped.
