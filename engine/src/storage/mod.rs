@@ -65,7 +65,8 @@ pub trait StorageFile: Send + Sync + 'static {
     /// A hint that the first `len` bytes of the file are written and stay as they are, never
     /// rewritten nor truncated, for as long as this handle is open (the file is only appended to from
     /// here on), so reads inside them may use a memory map. The engine calls it on the segment being
-    /// appended to, with a position its writer has already written.
+    /// appended to, with a position its writer has already written, and only while it holds the
+    /// directory lock (so no other process can cut the file).
     fn written_prefix(&self, len: u64) {
         let _ = len;
     }
