@@ -111,6 +111,11 @@ impl Tally for u64 {
 
 /// Running counts of one table, changed with every insert, replacement and removal, always under
 /// the table's lock (so each table's counts are exact), and read without it.
+///
+/// With one writer at a time (the lock holder), an update is a plain load and store of each counter
+/// rather than an atomic read-modify-write: a locked instruction would first wait for every store
+/// before it to complete, such as the cache miss of the bucket an insert just wrote (about 5 % of an
+/// open of a million keys).
 #[derive(Debug, Default)]
 pub(crate) struct Counts {
     entries: AtomicU64,
@@ -126,29 +131,44 @@ pub(crate) struct CountsSnapshot {
     pub(crate) bytes: u64,
 }
 
+/// `counter += delta` (wrapping, as `fetch_add` would), for the single writer holding the lock.
+fn bump(counter: &AtomicU64, delta: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(delta),
+        Ordering::Relaxed,
+    );
+}
+
+/// `counter -= delta`, as [`bump`].
+fn drop_by(counter: &AtomicU64, delta: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_sub(delta),
+        Ordering::Relaxed,
+    );
+}
+
 impl Counts {
+    // Every method below runs under the lock of the table that owns these counts (see the type).
+
     fn add(&self, v: &impl Tally) {
-        self.entries.fetch_add(1, Ordering::Relaxed);
-        self.in_progress
-            .fetch_add(v.in_progress(), Ordering::Relaxed);
-        self.bytes.fetch_add(v.bytes(), Ordering::Relaxed);
+        bump(&self.entries, 1);
+        bump(&self.in_progress, v.in_progress());
+        bump(&self.bytes, v.bytes());
     }
 
     fn sub(&self, v: &impl Tally) {
-        self.entries.fetch_sub(1, Ordering::Relaxed);
-        self.in_progress
-            .fetch_sub(v.in_progress(), Ordering::Relaxed);
-        self.bytes.fetch_sub(v.bytes(), Ordering::Relaxed);
+        drop_by(&self.entries, 1);
+        drop_by(&self.in_progress, v.in_progress());
+        drop_by(&self.bytes, v.bytes());
     }
 
     /// A value changed in place from `old` to `new`.
     fn change(&self, old: (u64, u64), new: &impl Tally) {
         if old != (new.in_progress(), new.bytes()) {
-            self.in_progress.fetch_sub(old.0, Ordering::Relaxed);
-            self.in_progress
-                .fetch_add(new.in_progress(), Ordering::Relaxed);
-            self.bytes.fetch_sub(old.1, Ordering::Relaxed);
-            self.bytes.fetch_add(new.bytes(), Ordering::Relaxed);
+            drop_by(&self.in_progress, old.0);
+            bump(&self.in_progress, new.in_progress());
+            drop_by(&self.bytes, old.1);
+            bump(&self.bytes, new.bytes());
         }
     }
 

@@ -215,6 +215,11 @@ pub(crate) fn recover(
     for opened in layout.open_in_replay_order(storage, segments, open_tail) {
         let (segment, in_open_tail) = opened?;
         let (id, kind) = (segment.id, segment.kind);
+        if !in_open_tail {
+            // Never written again nor cut (only the open tail can be): map it now, so that the scan
+            // reads the page cache in place instead of copying the segment into a buffer.
+            seal(&segment)?;
+        }
         let len = replay_segment(&segment, in_open_tail, replay, &mut report)?;
         if kind == Kind::Log && must_sync.is_some_and(|first| id >= first) {
             // What we just replayed may still be only in the page cache, left by a process that
@@ -231,10 +236,7 @@ pub(crate) fn recover(
         if is_active {
             active_len = len;
         } else {
-            segment
-                .file
-                .seal()
-                .map_err(|e| Error::io("map", &segment.path, e))?;
+            seal(&segment)?;
         }
         segments.insert(segment);
         report.segments += 1;
@@ -259,6 +261,13 @@ pub(crate) fn recover(
         next_fence: replay.next_fence,
         report,
     })
+}
+
+fn seal(segment: &SegmentFile) -> Result<()> {
+    segment
+        .file
+        .seal()
+        .map_err(|e| Error::io("map", &segment.path, e))
 }
 
 /// The first log segment that may end in a torn tail: the last one holding frames (later ones can
@@ -343,10 +352,32 @@ pub(crate) struct Scanned {
 }
 
 /// Reads one segment, checks every checksum, and calls `apply` with the operations of each intact
-/// frame, a whole frame at a time. Changes nothing on disk.
+/// frame, a whole frame at a time. Changes nothing on disk. The segment is read into memory, so this
+/// is safe even if another process cuts the file meanwhile (tools may scan a directory they could not
+/// lock).
 pub(crate) fn scan_segment(
     segment: &SegmentFile,
     in_open_tail: bool,
+    apply: impl FnMut(&Op<'_>, Loc),
+) -> Result<Scanned> {
+    scan(segment, in_open_tail, false, apply)
+}
+
+/// [`scan_segment`] reading the segment in place, through a memory map, rather than copying it: for
+/// the store's own recovery, which holds the directory lock and cuts a torn tail only after the scan
+/// (and its map) is over.
+fn scan_segment_in_place(
+    segment: &SegmentFile,
+    in_open_tail: bool,
+    apply: impl FnMut(&Op<'_>, Loc),
+) -> Result<Scanned> {
+    scan(segment, in_open_tail, true, apply)
+}
+
+fn scan(
+    segment: &SegmentFile,
+    in_open_tail: bool,
+    in_place: bool,
     mut apply: impl FnMut(&Op<'_>, Loc),
 ) -> Result<Scanned> {
     let path = &segment.path;
@@ -360,10 +391,12 @@ pub(crate) fn scan_segment(
         .ok_or_else(|| {
             Error::corrupt(path, 0, Corruption::Malformed("segment larger than 4 GiB"))
         })?;
-    let data = segment
-        .file
-        .read_at(0, len)
-        .map_err(|e| Error::io("read", path, e))?;
+    let data = if in_place {
+        segment.file.read_in_place(0, len)
+    } else {
+        segment.file.read_at(0, len)
+    }
+    .map_err(|e| Error::io("read", path, e))?;
     let mut scanned = Scanned {
         end: SegmentEnd::Clean,
         file_len,
@@ -382,6 +415,8 @@ pub(crate) fn scan_segment(
     }
 
     let mut offset = segment::HEADER_LEN;
+    // One allocation for the whole segment, not one per frame.
+    let mut ops = Vec::new();
     while offset < data.len() {
         let frame = match frame::decode(&data[offset..]) {
             Ok(frame) => frame,
@@ -408,7 +443,7 @@ pub(crate) fn scan_segment(
                 Corruption::UnknownFrameTag(frame.tag),
             ));
         }
-        let ops = op::decode_all(frame.payload).map_err(|e| {
+        op::decode_all_into(frame.payload, &mut ops).map_err(|e| {
             let reason = match e {
                 OpError::UnknownTag(tag) => Corruption::UnknownOpTag(tag),
                 OpError::Malformed(what) => Corruption::Malformed(what),
@@ -438,7 +473,8 @@ fn replay_segment(
     replay: &mut Replay<'_>,
     report: &mut RecoveryReport,
 ) -> Result<u32> {
-    let scanned = scan_segment(segment, in_open_tail, |op, loc| replay.apply(op, loc))?;
+    // The scan's bytes (possibly a map of the file) are gone before a torn tail is cut below.
+    let scanned = scan_segment_in_place(segment, in_open_tail, |op, loc| replay.apply(op, loc))?;
     report.bytes += scanned.file_len;
     report.frames += scanned.frames;
     report.operations += scanned.operations;

@@ -640,7 +640,7 @@ impl Store {
         };
         let file = core.segments.get(entry.loc.segment);
         drop(map);
-        core.writer.wait_visible(entry.loc.end())?;
+        self.wait_readable(&file, entry.loc)?;
         record_at(&file, &entry).map(Some)
     }
 
@@ -885,15 +885,23 @@ impl Store {
         synced
     }
 
+    /// Waits until the log is visible up to the end of `loc` (in `file`), then lets `file` serve
+    /// those bytes from a memory map ([`SegmentFile::written_up_to`]).
+    fn wait_readable(&self, file: &SegmentFile, loc: Loc) -> Result<()> {
+        self.core.writer.wait_visible(loc.end())?;
+        file.written_up_to(loc);
+        Ok(())
+    }
+
     /// The bytes of the operation at `loc`, once the log is visible up to it.
     fn read_op(&self, file: &SegmentFile, loc: Loc) -> Result<Bytes> {
-        self.core.writer.wait_visible(loc.end())?;
+        self.wait_readable(file, loc)?;
         file.read(loc)
     }
 
     /// The record snapshot at `loc`, once the log is visible up to it.
     fn read_record(&self, file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
-        self.core.writer.wait_visible(loc.end())?;
+        self.wait_readable(file, loc)?;
         stored_record(file, loc)
     }
 }

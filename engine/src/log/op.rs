@@ -291,8 +291,19 @@ fn side_id<'a>(d: &mut Decoder<'a>) -> Result<(&'a [u8], &'a [u8]), OpError> {
 /// Decodes every operation in a frame payload, each with its offset and length inside the payload.
 /// The payload must be consumed exactly.
 pub(crate) fn decode_all(payload: &[u8]) -> Result<Vec<(usize, usize, Op<'_>)>, OpError> {
-    let mut d = Decoder::new(payload);
     let mut ops = Vec::new();
+    decode_all_into(payload, &mut ops)?;
+    Ok(ops)
+}
+
+/// [`decode_all`] into `ops` (cleared first), so that a caller decoding frame after frame reuses one
+/// allocation. On error, `ops` holds what decoded before the failure.
+pub(crate) fn decode_all_into<'a>(
+    payload: &'a [u8],
+    ops: &mut Vec<(usize, usize, Op<'a>)>,
+) -> Result<(), OpError> {
+    ops.clear();
+    let mut d = Decoder::new(payload);
     while !d.is_empty() {
         let start = d.position();
         let op = decode_one(&mut d, payload)?;
@@ -301,7 +312,7 @@ pub(crate) fn decode_all(payload: &[u8]) -> Result<Vec<(usize, usize, Op<'_>)>, 
     if ops.is_empty() {
         return Err(OpError::Malformed("frame without operations"));
     }
-    Ok(ops)
+    Ok(())
 }
 
 fn decode_one<'a>(d: &mut Decoder<'a>, whole: &'a [u8]) -> Result<Op<'a>, OpError> {

@@ -34,6 +34,17 @@ impl SegmentFile {
             .read_at(u64::from(loc.offset), loc.len as usize)
             .map_err(|e| Error::io("read", &self.path, e))
     }
+
+    /// Tells the file that its bytes up to the end of `loc` are written and final
+    /// ([`StorageFile::written_prefix`]), which lets it serve reads of the segment being appended to
+    /// from a memory map. Only for a store's own segments, once `LogWriter::wait_visible` has returned
+    /// for `loc`: the writer has written those bytes, and nothing rewrites or cuts them while the
+    /// store holds the directory lock.
+    pub(crate) fn written_up_to(&self, loc: Loc) {
+        debug_assert_eq!(loc.segment, self.id);
+        self.file
+            .written_prefix(u64::from(loc.offset) + u64::from(loc.len));
+    }
 }
 
 /// Open segments by id.

@@ -45,6 +45,13 @@ pub trait StorageFile: Send + Sync + 'static {
     fn size(&self) -> io::Result<u64>;
     /// Exactly `len` bytes at `offset`; an error if the file is shorter.
     fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes>;
+    /// [`StorageFile::read_at`], except that the bytes may be a read-only memory map of the file rather
+    /// than a copy. The caller must not shrink the file below `offset + len` while the returned bytes,
+    /// or any slice of them, live (touching a mapped page past the end of a file is a fatal signal,
+    /// not an error). For reading a whole segment at open.
+    fn read_in_place(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        self.read_at(offset, len)
+    }
     /// Writes all of `data` at `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// fdatasync: makes written data durable.
@@ -54,6 +61,14 @@ pub trait StorageFile: Send + Sync + 'static {
     /// A hint that the file will not be written again, so reads may use a memory map.
     fn seal(&self) -> io::Result<()> {
         Ok(())
+    }
+    /// A hint that the first `len` bytes of the file are written and stay as they are, never
+    /// rewritten nor truncated, for as long as this handle is open (the file is only appended to from
+    /// here on), so reads inside them may use a memory map. The engine calls it on the segment being
+    /// appended to, with a position its writer has already written, and only while it holds the
+    /// directory lock (so no other process can cut the file).
+    fn written_prefix(&self, len: u64) {
+        let _ = len;
     }
 }
 
