@@ -1105,23 +1105,25 @@ impl Simulation {
             Some(mode) => self.fs.crash(mode),
         }
         drop(store);
-        if crash.is_some() {
-            self.tokens.clear();
-            self.model.forget_holders();
-        }
+        // A crash ends the process that held the tokens: they are gone, and so is every holder
+        // that names one, in whichever world the store comes back (token indices are reused).
+        let mut tokens_lost = crash.is_some();
         let store = match self.open_store() {
             Ok(store) => store,
             // An injected fault may hit the truncation or segment creation during open; a crash clears
             // it, as a restart would.
             Err(e) if e.is_poisoned() || matches!(e, crate::Error::Io { .. }) => {
                 self.fs.crash(CrashMode::DropUnsynced);
-                self.tokens.clear();
-                self.model.forget_holders();
+                tokens_lost = true;
                 self.open_store()
                     .map_err(|e| format!("open after crash: {e}"))?
             }
             Err(e) => return Err(format!("open: {e}")),
         };
+        if tokens_lost {
+            self.tokens.clear();
+            self.model.forget_holders();
+        }
         self.store = Some(store);
         let was_poisoned = std::mem::replace(&mut self.poisoned, false);
         // The worlds the reopened store may show. A clean close of a healthy store syncs
@@ -1144,7 +1146,7 @@ impl Simulation {
         let mut first_error = None;
         for mut candidate in candidates {
             candidate.end_leases();
-            if crash.is_some() {
+            if tokens_lost {
                 candidate.forget_holders();
             }
             self.model = candidate;

@@ -120,3 +120,25 @@ fn every_step_survives_a_power_loss() {
         }
     }
 }
+
+#[test]
+fn a_failed_open_forgets_the_holders_of_every_possible_world() {
+    // Found by the proptest above. The rotation race leaves the store failing every I/O call, so
+    // the reopen's first open fails and a crash clears it: the tokens are gone. The claim at (1, 3)
+    // was unacknowledged, so the reopened store may be in one of two worlds; both must forget its
+    // holder, or token index 1, handed out again after the reopen, would seem to hold it still.
+    let steps = vec![
+        Step::SideUnacked { key: 0, value: 0 },
+        Step::SideUnacked { key: 0, value: 0 },
+        Step::Claim { scope: 85, key: 14, fp: 0, ttl: 0 },
+        Step::ClaimUnacked { scope: 29, key: 27, fp: 0, ttl: 0 },
+        Step::RotationRace { scope: 0, key: 0, fp: 0, ttl: 0 },
+        Step::Reopen,
+        Step::Claim { scope: 0, key: 0, fp: 0, ttl: 0 },
+        Step::FailWrite,
+        Step::ClaimUnacked { scope: 35, key: 55, fp: 0, ttl: 0 },
+        Step::Reopen,
+        Step::Release { token: 49 },
+    ];
+    run(&steps, 4096).unwrap();
+}
