@@ -744,8 +744,34 @@ fn main() {
                 let us = outcome.server_cpu.as_secs_f64() * 1e6 / outcome.requests as f64;
                 format!("{us:.0}")
             };
+            let server_slow = ["0.0025", "0.005", "0.01", "0.025"]
+                .iter()
+                .map(|le| {
+                    outcome
+                        .metrics
+                        .as_ref()
+                        .and_then(|(before, after)| server_share_above(before, after, le))
+                        .map_or_else(
+                            || "n/a".to_owned(),
+                            |share| format!("{:.2}%", share * 100.0),
+                        )
+                })
+                .collect::<Vec<_>>()
+                .join(" / ");
+            let (slow_syncs, compactions) = outcome.metrics.as_ref().map_or_else(
+                || ("n/a".to_owned(), "n/a".to_owned()),
+                |(before, after)| {
+                    let (slow, all) = count_above(before, after, FDATASYNC, &[], "0.005");
+                    let compactions = metric_value(after, COMPACTIONS).unwrap_or(0.0)
+                        - metric_value(before, COMPACTIONS).unwrap_or(0.0);
+                    (
+                        format!("{slow:.0} of {all:.0}"),
+                        format!("{compactions:.0}"),
+                    )
+                },
+            );
             open_rows.push(format!(
-                "| {} | {rate:.0} | {achieved:.0} ({:.1}%) | {} | {} | {} | {} | {} / {} | {} | {} | {} | {cpu} | {flushed} |",
+                "| {} | {rate:.0} | {achieved:.0} ({:.1}%) | {} | {} | {} | {} | {} / {} | {server_slow} | {slow_syncs} | {compactions} | {} | {} | {} | {cpu} | {flushed} |",
                 config.name(),
                 achieved / rate * 100.0,
                 ms(h.value_at_quantile(0.50)),
@@ -797,13 +823,16 @@ fn main() {
         println!(
             "Latency counts from each request's scheduled time (no coordinated omission). Send delay \
              is the time from scheduled to sent: the client's timer (1 ms resolution) plus waiting \
-             for its connection to finish an earlier request. Unsent: due in the window but not \
-             sent before the drain limit.\n"
+             for its connection to finish an earlier request. Server > 2.5 / 5 / 10 / 25 ms: the share of \
+             `POST /payments` the server itself took longer than that over, from router arrival to \
+             response head (its `{HTTP_DURATION}` histogram over the window); fdatasyncs > 5 ms \
+             and compactions: `{FDATASYNC}` and `{COMPACTIONS}` over the window. Unsent: due in the \
+             window but not sent before the drain limit.\n"
         );
         println!(
-            "| configuration | target req/s | achieved req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | max (ms) | send delay p50 / p99 (ms) | requests | errors | unsent | server CPU/request (µs) | synced before |"
+            "| configuration | target req/s | achieved req/s | p50 (ms) | p99 (ms) | p99.9 (ms) | max (ms) | send delay p50 / p99 (ms) | server > 2.5 / 5 / 10 / 25 ms | fdatasyncs > 5 ms | compactions | requests | errors | unsent | server CPU/request (µs) | synced before |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for row in &open_rows {
             println!("{row}");
         }
@@ -818,6 +847,42 @@ fn main() {
     }
 }
 
+/// The server's request-duration histogram.
+const HTTP_DURATION: &str = "http_server_request_duration_seconds";
+/// The embedded store's fdatasync-duration histogram.
+const FDATASYNC: &str = "idemlog_fdatasync_duration_seconds";
+/// The embedded store's compaction counter.
+const COMPACTIONS: &str = "idemlog_compactions_total";
+
+/// The sum of histogram `name`'s `le` = `bound` buckets over the series whose labels contain every
+/// one of `labels` (e.g. `http_route="/payments"`); 0 without any.
+fn bucket_count(text: &str, name: &str, labels: &[&str], bound: &str) -> f64 {
+    let bucket = format!("{name}_bucket{{");
+    let le = format!("le=\"{bound}\"}}");
+    text.lines()
+        .filter(|l| l.starts_with(&bucket) && labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.split_once(&le).map(|(_, v)| v))
+        .filter_map(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Between two scrapes, how many observations of histogram `name` (series with `labels`) fell
+/// above the bucket bound `bound`, and how many there were in all.
+fn count_above(before: &str, after: &str, name: &str, labels: &[&str], bound: &str) -> (f64, f64) {
+    let delta =
+        |b: &str| bucket_count(after, name, labels, b) - bucket_count(before, name, labels, b);
+    let total = delta("+Inf");
+    (total - delta(bound), total)
+}
+
+/// Between two scrapes, the share of `POST /payments` requests the server's own histogram counts
+/// above the bucket bound `le` (as written in the exposition, e.g. `0.005`); `None` without any.
+fn server_share_above(before: &str, after: &str, le: &str) -> Option<f64> {
+    let labels = ["http_route=\"/payments\"", "http_request_method=\"POST\""];
+    let (above, total) = count_above(before, after, HTTP_DURATION, &labels, le);
+    (total > 0.0).then(|| above / total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -827,6 +892,23 @@ mod tests {
             "idemlog_syncs_total {syncs}.0\nidemlog_commit_batch_operations_sum {sum}.0\n\
              idemlog_commit_batch_operations_count {count}\n"
         )
+    }
+
+    #[test]
+    fn server_share_above_reads_the_payments_buckets_between_scrapes() {
+        let scrape = |fast: u64, all: u64, other: u64| {
+            format!(
+                "{HTTP_DURATION}_bucket{{http_route=\"/payments\",http_request_method=\"POST\",http_response_status_code=\"201\",le=\"0.005\"}} {fast}\n\
+                 {HTTP_DURATION}_bucket{{http_route=\"/payments\",http_request_method=\"POST\",http_response_status_code=\"201\",le=\"+Inf\"}} {all}\n\
+                 {HTTP_DURATION}_bucket{{http_route=\"/metrics\",http_request_method=\"GET\",http_response_status_code=\"200\",le=\"+Inf\"}} {other}\n"
+            )
+        };
+        let share = server_share_above(&scrape(10, 10, 1), &scrape(1000, 1010, 5), "0.005");
+        assert_eq!(share, Some(0.01));
+        assert_eq!(
+            server_share_above(&scrape(1, 1, 0), &scrape(1, 1, 9), "0.005"),
+            None
+        );
     }
 
     #[test]
