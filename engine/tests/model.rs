@@ -130,13 +130,38 @@ fn a_failed_open_forgets_the_holders_of_every_possible_world() {
     let steps = vec![
         Step::SideUnacked { key: 0, value: 0 },
         Step::SideUnacked { key: 0, value: 0 },
-        Step::Claim { scope: 85, key: 14, fp: 0, ttl: 0 },
-        Step::ClaimUnacked { scope: 29, key: 27, fp: 0, ttl: 0 },
-        Step::RotationRace { scope: 0, key: 0, fp: 0, ttl: 0 },
+        Step::Claim {
+            scope: 85,
+            key: 14,
+            fp: 0,
+            ttl: 0,
+        },
+        Step::ClaimUnacked {
+            scope: 29,
+            key: 27,
+            fp: 0,
+            ttl: 0,
+        },
+        Step::RotationRace {
+            scope: 0,
+            key: 0,
+            fp: 0,
+            ttl: 0,
+        },
         Step::Reopen,
-        Step::Claim { scope: 0, key: 0, fp: 0, ttl: 0 },
+        Step::Claim {
+            scope: 0,
+            key: 0,
+            fp: 0,
+            ttl: 0,
+        },
         Step::FailWrite,
-        Step::ClaimUnacked { scope: 35, key: 55, fp: 0, ttl: 0 },
+        Step::ClaimUnacked {
+            scope: 35,
+            key: 55,
+            fp: 0,
+            ttl: 0,
+        },
         Step::Reopen,
         Step::Release { token: 49 },
     ];
