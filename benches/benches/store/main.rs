@@ -7,6 +7,8 @@
 //!   design at synchronous NORMAL / FULL, with 1, 2, 16 and 64 concurrent caller threads;
 //! - `replay`: claim of an already completed key, which returns the stored response (the read path),
 //!   1 and 2 threads, engine and SQLite;
+//! - `claim_new_async`: claim of new keys under durability sync by 1, 64 and 256 tasks on one
+//!   runtime thread that await durability ([`Store::durable`]) instead of blocking a thread each;
 //! - `open`: `Store::open` (recovery) of a store with 100 k and 1 M live keys.
 //!
 //! One iteration is one operation (one claim, one claim + complete, one open), so criterion's
@@ -26,7 +28,9 @@ use std::time::{Duration, Instant};
 use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
-use idemlog::{ClaimOutcome, Durability, Fingerprint, Options, Store, StoredResponse};
+use idemlog::{
+    ClaimOptions, ClaimOutcome, Deferred, Durability, Fingerprint, Options, Store, StoredResponse,
+};
 use idemlog_benches::{
     BODY_LEN, Item, LOCATION, Pool, SCOPE, ScratchDir, TTL, dir_bytes, item, response_body,
     stored_response,
@@ -346,6 +350,91 @@ fn replay(c: &mut Criterion) {
     group.finish();
 }
 
+/// Concurrent tasks of the async claim group, all on one runtime thread.
+const ASYNC_TASKS: [usize; 3] = [1, 64, 256];
+
+/// `claim_new_async`: new-key claims under durability sync by tasks that await
+/// [`Store::durable`] instead of blocking a thread (what the HTTP server does), all on one
+/// current-thread runtime; the engine's committer thread does the fdatasyncs. Each sample splits
+/// its batch evenly across the tasks and is timed from their common start to the last one's end.
+fn claim_new_async(c: &mut Criterion) {
+    let mut group = c.benchmark_group("claim_new_async");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .throughput(Throughput::Elements(1));
+    for tasks in ASYNC_TASKS {
+        let label = format!("claim_new_async/engine-sync/{tasks}");
+        let mut running: Option<(ScratchDir, Store, tokio::runtime::Runtime)> = None;
+        let mut next_key = 0u64;
+        group.bench_function(BenchmarkId::new("engine-sync", tasks), |b| {
+            let (_, store, runtime) = running.get_or_insert_with(|| {
+                let dir = ScratchDir::new(&label);
+                let store = Store::open(dir.path(), engine_options(Durability::Sync))
+                    .expect("open the engine");
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("build the runtime");
+                (dir, store, runtime)
+            });
+            b.iter_custom(|iters| {
+                let per_task = iters.div_ceil(tasks as u64);
+                let first = next_key;
+                next_key += per_task * tasks as u64;
+                let started = Instant::now();
+                runtime.block_on(async {
+                    let handles: Vec<_> = (0..tasks as u64)
+                        .map(|t| {
+                            let store = store.clone();
+                            let keys = first + t * per_task..first + (t + 1) * per_task;
+                            tokio::spawn(async move {
+                                for i in keys {
+                                    claim_and_await(&store, &item(i)).await;
+                                }
+                            })
+                        })
+                        .collect();
+                    for handle in handles {
+                        handle.await.expect("a claiming task panicked");
+                    }
+                });
+                started.elapsed()
+            });
+        });
+        if let Some((_dir, store, _runtime)) = running {
+            let s = store.stats();
+            eprintln!(
+                "  [{label}] frames {} in {} fdatasyncs: {:.1} frames per fdatasync",
+                s.frames_appended,
+                s.syncs,
+                s.frames_appended as f64 / s.syncs.max(1) as f64
+            );
+            store.close().expect("close the store");
+        }
+    }
+    group.finish();
+}
+
+/// One new-key claim, then an await of its durability (no thread blocks).
+async fn claim_and_await(store: &Store, it: &Item) {
+    let deferred = store
+        .claim_deferred(
+            SCOPE,
+            &it.key,
+            &Fingerprint(it.fingerprint),
+            TTL,
+            &ClaimOptions::default(),
+        )
+        .expect("engine claim");
+    match deferred {
+        Deferred::Ready(ClaimOutcome::Acquired(token), pending) => {
+            store.durable(pending).await.expect("durable claim");
+            black_box(token);
+        }
+        Deferred::Ready(other, _) => panic!("async claim of a new key: unexpected {other:?}"),
+        Deferred::NotVisible(_) => panic!("async claim of a new key found an existing record"),
+    }
+}
+
 fn open(c: &mut Criterion) {
     let mut group = c.benchmark_group("open");
     group
@@ -391,6 +480,6 @@ criterion_group! {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = claim_new, claim_complete, replay, open
+    targets = claim_new, claim_new_async, claim_complete, replay, open
 }
 criterion_main!(benches);
