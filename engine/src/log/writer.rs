@@ -93,7 +93,8 @@ struct State {
     ops: u64,
     /// Operations written since the last fdatasync (and so made durable by the next one).
     unsynced_ops: u64,
-    /// Callers the last flush woke: they are about to append again.
+    /// Blocked callers the last flush woke: they are about to append again. Tasks woken through
+    /// `async_waiters` are not counted (see `lead`).
     woken: usize,
     /// While a leader gathers, the frame count it waits for (0 otherwise).
     gather_until: usize,
@@ -578,7 +579,13 @@ impl LogWriter {
         }
         data.clear();
         st.spare = data;
-        st.woken = self.wake(generation) + self.wake_async(st);
+        // Only woken threads count towards the next gather: a blocked thread appends again as soon
+        // as it runs, but a woken task may not append at all (a server's request is done and
+        // answers), and when it does, its runtime polls the woken tasks one after another, so
+        // waiting for all of them idles the disk while they run. Measured (`claim_new_async`, 64
+        // tasks on one thread): 122 k claims/s with them counted, 192 k/s without.
+        self.wake_async(st);
+        st.woken = self.wake(generation);
         Ok(())
     }
 
