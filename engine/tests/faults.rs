@@ -341,3 +341,47 @@ fn dropping_every_handle_of_a_poisoned_store_releases_the_directory() {
     drop(store);
     acquire(&f.open(), "acct", "k2", fp(1));
 }
+
+/// Under `Periodic` a caller waits only for its frames to be written, so an fdatasync of the
+/// flusher (or of `Store::sync`, as here) that is taking long must not hold its write up.
+#[test]
+fn a_periodic_write_is_not_held_up_by_a_running_fdatasync() {
+    use std::sync::mpsc;
+    let f = Fixture::new();
+    let options = f
+        .options()
+        .durability(Durability::Periodic(Duration::from_secs(3600)));
+    let store = Store::open(&f.dir, options).unwrap();
+    acquire(&store, "acct", "before", fp(1));
+    let (entered_tx, entered) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    f.fs.on_next(FaultOp::Sync, ".seg", move || {
+        entered_tx.send(()).unwrap();
+        // Held until the test lets it go (bounded, so a failing test cannot hang).
+        let _ = release_rx.recv_timeout(Duration::from_secs(30));
+    });
+    let syncing = std::thread::spawn({
+        let store = store.clone();
+        move || store.sync()
+    });
+    entered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the fdatasync started");
+    let (done_tx, done) = mpsc::channel();
+    let claimer = std::thread::spawn({
+        let store = store.clone();
+        move || {
+            done_tx
+                .send(store.claim(b"acct", b"during", &fp(1), TTL))
+                .unwrap()
+        }
+    });
+    let claimed = done.recv_timeout(Duration::from_secs(5));
+    release.send(()).unwrap();
+    syncing.join().unwrap().unwrap();
+    claimer.join().unwrap();
+    let outcome = claimed
+        .expect("the claim waited for the running fdatasync")
+        .unwrap();
+    assert!(matches!(outcome, ClaimOutcome::Acquired(_)), "{outcome:?}");
+}

@@ -10,6 +10,11 @@
 //! idle while a sleeping follower is scheduled. Throughput therefore grows with the number of concurrent
 //! callers instead of being capped at one fdatasync per operation.
 //!
+//! Outside `Sync` no caller waits for an fdatasync, only (under `Periodic`) for its frames to be
+//! written. There a sync of everything (`sync_all`: the `Periodic` flusher's round, `Store::sync`,
+//! compaction) leads only the write and runs its fdatasync as a non-leader, so callers' writes are
+//! not held up behind it.
+//!
 //! Invariants:
 //! - Frames reach the file in append order, each whole: the buffer only ever holds whole frames and a
 //!   flush takes all of it, so the written and synced positions always fall on frame boundaries.
@@ -407,7 +412,50 @@ impl LogWriter {
     /// Writes and fdatasyncs everything appended so far.
     pub(crate) fn sync_all(&self) -> Result<()> {
         let end = self.appended_end();
-        self.flush(end, true)
+        if self.durability == Durability::Sync {
+            // Callers wait for durability: the group commit (one leader writes and syncs).
+            return self.flush(end, true);
+        }
+        // Callers wait for their frames to be written (`Periodic`) or not at all (`None`): lead
+        // only the write, then fdatasync as a non-leader so that their writes go on meanwhile.
+        self.flush(end, false)?;
+        self.sync_written()
+    }
+
+    /// fdatasyncs the active segment up to what is written now, without being the leader: appends
+    /// and other callers' writes go on during the fdatasync. Only outside `Sync`, where no caller
+    /// waits for `synced` to move. A rotation meanwhile is harmless: it fdatasyncs the old segment
+    /// itself before it switches, and this sync then leaves the new segment's position alone.
+    fn sync_written(&self) -> Result<()> {
+        debug_assert_ne!(self.durability, Durability::Sync);
+        let (segment, upto, batch) = {
+            let mut st = self.state.lock();
+            self.check(&st)?;
+            if st.synced >= st.written {
+                return Ok(());
+            }
+            // `unsynced_ops` may include the operations of a buffer a leader is writing right now;
+            // they are counted in this batch although the next sync makes them durable (metrics
+            // only).
+            let batch = std::mem::take(&mut st.unsynced_ops);
+            (st.active.clone(), st.written, batch)
+        };
+        let result = timed_sync(&segment, &self.histograms);
+        let mut st = self.state.lock();
+        if let Err(e) = result {
+            // As everywhere: a failed fdatasync is never retried (the kernel may have dropped the
+            // dirty pages), so the store is poisoned.
+            return Err(self.poison(&mut st, e));
+        }
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        self.observe_batch(batch);
+        // Everything written before the fdatasync started is durable; `synced` only grows.
+        if st.active.id == segment.id && st.synced < upto {
+            st.synced = upto;
+            self.synced
+                .store(Pos::new(segment.id, upto).0, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Writes (without syncing) everything appended so far.
