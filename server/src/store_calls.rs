@@ -1,20 +1,22 @@
 //! How engine calls run from async code.
 //!
 //! Engine calls are blocking functions. Under `Durability::Sync` a write waits for an fdatasync
-//! (milliseconds), and under `Periodic` it may wait behind the flusher's; on a tokio worker that would
-//! stall every other connection of that worker, so those calls go to tokio's blocking pool. Under
-//! `Durability::None` the engine never waits for the disk on a caller's behalf: a call takes a shard
-//! lock, copies a frame into the log buffer and returns in a microsecond or two. Sending it to the
-//! blocking pool would cost more than the call (a futex wake and two context switches per round trip,
-//! most of the HTTP layer's overhead in a profile), so it runs inline. The exceptions are bounded and
+//! (milliseconds); on a tokio worker that would stall every other connection of that worker, so
+//! those calls go to tokio's blocking pool. Under `Durability::None` the engine never waits for the
+//! disk on a caller's behalf: a call takes a shard lock, copies a frame into the log buffer and
+//! returns in a microsecond or two. Under `Periodic` a write waits only for a `pwrite` into the page
+//! cache (the flusher's fdatasync runs apart from the writes). Sending such a call to the blocking
+//! pool would cost more than the call (a futex wake and two context switches per round trip, most
+//! of the HTTP layer's overhead in a profile), so it runs inline. The exceptions are bounded and
 //! rare: a `write` of 256 KiB of buffered frames, and the fdatasync that seals a full segment.
 //!
 //! The engine's *deferred* calls (`claim_deferred`, `complete_deferred`, …) never wait for the
-//! disk either, in any mode: they append and return a `Pending`, and under `Sync` the caller awaits
-//! `Store::durable`, a future the engine's committer thread resolves. So under `Sync` too they run
-//! inline, and a thousand requests waiting for one fdatasync hold no thread
-//! ([`StoreCalls::for_deferred`]). Under `Periodic`, making a write visible may wait behind the
-//! flusher's fdatasync, so they stay on the blocking pool there.
+//! disk, in any mode: they append and return a `Pending`, and the embedded backend runs them on the
+//! calling task in every mode. Under `Sync` it then awaits `Store::durable`, a future the engine's
+//! committer thread resolves, so a thousand requests waiting for one fdatasync hold no thread.
+//! Under `Periodic` it writes the frames to the OS itself (a `pwrite`, or a wait for the one in
+//! progress): the engine runs the flusher's fdatasync apart from the writes, so nothing there waits
+//! for the disk either.
 
 use idemlog::{Durability, Store};
 use tokio::task::JoinError;
@@ -32,16 +34,8 @@ impl StoreCalls {
     /// The right choice for `store`'s durability mode.
     pub fn for_store(store: &Store) -> Self {
         match store.durability() {
-            Durability::None => StoreCalls::Inline,
-            Durability::Sync | Durability::Periodic(_) => StoreCalls::BlockingPool,
-        }
-    }
-
-    /// Where deferred engine calls (which return a `Pending` instead of waiting) run for `store`.
-    pub fn for_deferred(store: &Store) -> Self {
-        match store.durability() {
-            Durability::None | Durability::Sync => StoreCalls::Inline,
-            Durability::Periodic(_) => StoreCalls::BlockingPool,
+            Durability::None | Durability::Periodic(_) => StoreCalls::Inline,
+            Durability::Sync => StoreCalls::BlockingPool,
         }
     }
 
@@ -76,26 +70,13 @@ mod tests {
     }
 
     #[test]
-    fn only_a_store_that_never_waits_for_the_disk_is_called_inline() {
+    fn only_a_store_whose_writes_wait_for_an_fdatasync_uses_the_blocking_pool() {
         let none = store_with(Durability::None);
         let sync = store_with(Durability::Sync);
         let periodic = store_with(Durability::Periodic(Duration::from_millis(50)));
         assert_eq!(StoreCalls::for_store(&none), StoreCalls::Inline);
         assert_eq!(StoreCalls::for_store(&sync), StoreCalls::BlockingPool);
-        assert_eq!(StoreCalls::for_store(&periodic), StoreCalls::BlockingPool);
-    }
-
-    #[test]
-    fn deferred_calls_run_inline_unless_a_write_may_wait_behind_the_flusher() {
-        let none = store_with(Durability::None);
-        let sync = store_with(Durability::Sync);
-        let periodic = store_with(Durability::Periodic(Duration::from_millis(50)));
-        assert_eq!(StoreCalls::for_deferred(&none), StoreCalls::Inline);
-        assert_eq!(StoreCalls::for_deferred(&sync), StoreCalls::Inline);
-        assert_eq!(
-            StoreCalls::for_deferred(&periodic),
-            StoreCalls::BlockingPool
-        );
+        assert_eq!(StoreCalls::for_store(&periodic), StoreCalls::Inline);
     }
 
     #[tokio::test]

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use idemlog::{Deferred, Durability, Options, SideWrite, Store};
+use idemlog::{Deferred, Durability, Options, Pending, SideWrite, Store};
 use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
@@ -73,8 +73,6 @@ struct Opened {
     store: Store,
     /// Where blocking engine calls run.
     calls: StoreCalls,
-    /// Where deferred engine calls (append now, wait for the disk separately) run.
-    deferred: StoreCalls,
     counters: Arc<Counters>,
 }
 
@@ -223,51 +221,41 @@ impl EmbeddedStore {
 
     /// Runs a deferred engine call: one that appends and applies its write without waiting for the
     /// disk, and answers [`Deferred::NotVisible`] rather than show a record that is not durable yet.
-    /// Such an answer is awaited and the call made again; then the call's own write is awaited if
-    /// `own` says so. Under `Sync` the awaits are futures (no thread is held); under `Periodic` the
-    /// whole call runs on the blocking pool.
-    async fn call_deferred<T: Send + 'static>(
+    /// Such an answer is waited for and the call made again; then the call's own write is waited for
+    /// if `own` says so. The call runs on the calling task in every mode (see [`Self::wait_for`]).
+    async fn call_deferred<T>(
         &self,
         own: OwnWrite,
-        call: impl Fn(&Opened) -> idemlog::Result<Deferred<T>> + Send + 'static,
+        call: impl Fn(&Opened) -> idemlog::Result<Deferred<T>>,
     ) -> Result<T, StoreError> {
         let opened = self.opened()?;
-        let result = match opened.deferred {
-            StoreCalls::Inline => Self::deferred_inline(&opened, own, call).await,
-            StoreCalls::BlockingPool => {
-                let run = move || {
-                    let (value, pending) = opened.store.until_visible(|| call(&opened))?;
-                    if own == OwnWrite::Wait {
-                        opened.store.wait(pending)?;
-                    }
-                    Ok(value)
-                };
-                match tokio::task::spawn_blocking(run).await {
-                    Ok(result) => result,
-                    Err(join) => {
-                        return Err(StoreError::Internal(format!("store task failed: {join}")));
+        let result = async {
+            loop {
+                match call(&opened)? {
+                    Deferred::NotVisible(pending) => Self::wait_for(&opened, pending).await?,
+                    Deferred::Ready(value, pending) => {
+                        if own == OwnWrite::Wait {
+                            Self::wait_for(&opened, pending).await?;
+                        }
+                        return Ok(value);
                     }
                 }
             }
-        };
+        }
+        .await;
         result.map_err(|e| self.engine_error(e))
     }
 
-    async fn deferred_inline<T>(
-        opened: &Opened,
-        own: OwnWrite,
-        call: impl Fn(&Opened) -> idemlog::Result<Deferred<T>>,
-    ) -> idemlog::Result<T> {
-        loop {
-            match call(opened)? {
-                Deferred::NotVisible(pending) => opened.store.durable(pending).await?,
-                Deferred::Ready(value, pending) => {
-                    if own == OwnWrite::Wait {
-                        opened.store.durable(pending).await?;
-                    }
-                    return Ok(value);
-                }
-            }
+    /// Waits for `pending` as the durability mode requires, holding no thread for the disk:
+    /// - `Sync`: the fdatasync, through the future the engine's committer thread resolves;
+    /// - `Periodic`: the write to the OS, done here. At most a `pwrite` of the buffered frames (or
+    ///   a wait for the one in progress); the engine runs the flusher's fdatasync apart from the
+    ///   writes. A segment rotation is the rare, bounded exception, as under `None`;
+    /// - `None`: nothing.
+    async fn wait_for(opened: &Opened, pending: Pending) -> idemlog::Result<()> {
+        match opened.store.durability() {
+            Durability::Periodic(_) => opened.store.wait(pending),
+            Durability::Sync | Durability::None => opened.store.durable(pending).await,
         }
     }
 
@@ -396,7 +384,6 @@ impl Opened {
     fn new(store: Store) -> Self {
         Self {
             calls: StoreCalls::for_store(&store),
-            deferred: StoreCalls::for_deferred(&store),
             store,
             counters: Arc::default(),
         }
