@@ -456,7 +456,13 @@ async fn a_reused_key_422_names_the_differing_fields_and_no_values(h: &Harness) 
             serde_json::json!(expected),
             "{body}"
         );
-        let text = String::from_utf8_lossy(&reply.body);
+        // No value of either request anywhere in the answer. The request id is random (a UUID
+        // may well contain "250"), so it is left out of the search.
+        let mut without_id = json.clone();
+        if let Some(fields) = without_id.as_object_mut() {
+            fields.remove("request_id");
+        }
+        let text = without_id.to_string();
         assert!(!text.contains("250") && !text.contains("USD"), "{text}");
     }
     // A member that disappeared is named from the stored side.
