@@ -438,16 +438,15 @@ impl IdempotencyStore for EmbeddedStore {
         ttl: Duration,
         extras: &ClaimExtras,
     ) -> Result<ClaimOutcome, StoreError> {
-        let (owned_scope, owned_key, fp) = (scope.to_owned(), key.to_owned(), *fingerprint);
-        let extras = extras.clone();
+        let options = idemlog::ClaimOptions {
+            request_digest: extras.request_digest.as_deref().unwrap_or_default(),
+            max_live_per_scope: extras.max_live_keys,
+        };
         let outcome = self
-            .call_deferred(OwnWrite::Covered, move |o| {
-                let options = idemlog::ClaimOptions {
-                    request_digest: extras.request_digest.as_deref().unwrap_or_default(),
-                    max_live_per_scope: extras.max_live_keys,
-                };
-                let (scope, key) = (owned_scope.as_bytes(), owned_key.as_bytes());
-                o.store.claim_deferred(scope, key, &fp, ttl, &options)
+            .call_deferred(OwnWrite::Covered, |o| {
+                let (scope, key) = (scope.as_bytes(), key.as_bytes());
+                o.store
+                    .claim_deferred(scope, key, fingerprint, ttl, &options)
             })
             .await?;
         Ok(match outcome {
@@ -486,22 +485,20 @@ impl IdempotencyStore for EmbeddedStore {
         response: &StoredResponse,
         records: &[RecordWrite],
     ) -> Result<(), StoreError> {
-        let engine = engine_token(token)?.clone();
-        let response = response.clone();
-        let records = records.to_vec();
+        let engine = engine_token(token)?;
         let now = self.shared.options.clock.now_ms();
-        self.call_deferred(OwnWrite::Wait, move |o| {
-            let side = o.side_writes(&records, now);
-            let pending = o.store.complete_deferred(&engine, &response, &side)?;
+        self.call_deferred(OwnWrite::Wait, |o| {
+            let side = o.side_writes(records, now);
+            let pending = o.store.complete_deferred(engine, response, &side)?;
             Ok(Deferred::Ready((), pending))
         })
         .await
     }
 
     async fn release(&self, token: &ClaimToken) -> Result<(), StoreError> {
-        let engine = engine_token(token)?.clone();
-        self.call_deferred(OwnWrite::Wait, move |o| {
-            Ok(Deferred::Ready((), o.store.release_deferred(&engine)?))
+        let engine = engine_token(token)?;
+        self.call_deferred(OwnWrite::Wait, |o| {
+            Ok(Deferred::Ready((), o.store.release_deferred(engine)?))
         })
         .await
     }
@@ -544,10 +541,9 @@ impl IdempotencyStore for EmbeddedStore {
     }
 
     async fn write_records(&self, writes: &[RecordWrite]) -> Result<(), StoreError> {
-        let writes = writes.to_vec();
         let now = self.shared.options.clock.now_ms();
-        self.call_deferred(OwnWrite::Wait, move |o| {
-            let pending = o.store.side_write_deferred(&o.side_writes(&writes, now))?;
+        self.call_deferred(OwnWrite::Wait, |o| {
+            let pending = o.store.side_write_deferred(&o.side_writes(writes, now))?;
             Ok(Deferred::Ready((), pending))
         })
         .await
@@ -558,11 +554,10 @@ impl IdempotencyStore for EmbeddedStore {
         write: &RecordWrite,
         counter: &'static str,
     ) -> Result<InsertOnce, StoreError> {
-        let write = write.clone();
         let now = self.shared.options.clock.now_ms();
         // The insert's own write is covered by the wait of the request that made it (its
         // completion or release): see `OwnWrite`. An existing record is only shown once durable.
-        self.call_deferred(OwnWrite::Covered, move |o| {
+        self.call_deferred(OwnWrite::Covered, |o| {
             let stripe = stripe_of(write.namespace, &write.key);
             let stripes = o.counters.stripes(&o.store, counter)?;
             let mut count = stripes[stripe].lock();
@@ -576,7 +571,7 @@ impl IdempotencyStore for EmbeddedStore {
             }
             let next = *count + 1;
             let pending = o.store.side_write_deferred(&[
-                o.side_write(&write, now),
+                o.side_write(write, now),
                 SideWrite::put(
                     COUNTERS_NAMESPACE,
                     counter_key(counter, stripe),
