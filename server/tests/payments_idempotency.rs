@@ -314,6 +314,19 @@ async fn release_on_5xx(durability: Durability) {
     assert_eq!(t.outcome(Outcome::Executed), 1);
 }
 
+/// Polls `done` every 5 ms until it holds; fails with `what` after 5 s.
+async fn eventually<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_left_by_a_crash_is_taken_over_by_the_first_retry_with_one_charge() {
     let mut t = TestApp::with(Settings {
@@ -324,14 +337,10 @@ async fn a_claim_left_by_a_crash_is_taken_over_by_the_first_retry_with_one_charg
     let router = t.router.clone();
     let doomed =
         tokio::spawn(async move { send(&router, payment(KEY_A, Some("order-1"), BODY)).await });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while t.charges().await == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the charge was never made"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the charge was never made", || async {
+        t.charges().await > 0
+    })
+    .await;
     t.settings.latency = Duration::ZERO;
     t.crash_and_restart();
     doomed.abort();
@@ -369,14 +378,11 @@ async fn a_request_cut_short_by_a_crash_before_its_completion_leaves_nothing_beh
     let engine = t.store.engine().expect("store open");
     // Opening synced once (the fence floor); the request itself must not sync.
     let opened_syncs = engine.metrics().syncs;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while engine.metrics().side_records < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the charge was never made"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the charge was never made", || {
+        let charged = engine.metrics().side_records >= 2;
+        async move { charged }
+    })
+    .await;
     assert_eq!(engine.metrics().records, 1, "the claim is held in memory");
     assert_eq!(
         engine.metrics().syncs,
