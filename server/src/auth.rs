@@ -15,8 +15,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
-use crate::idempotency::Scope;
-use crate::problem::Problem;
+use idemlog_idempotency::Scope;
+use idemlog_idempotency::problem::Problem;
 
 /// The demo API key used when no key is configured. Documented in the README; logged loudly.
 pub const DEMO_API_KEY: &str = "demo-key";

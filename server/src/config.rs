@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::idempotency::FingerprintMode;
+use idemlog_idempotency::FingerprintMode;
 
 /// Flags of the `idemlog-server` binary.
 #[derive(Debug, Clone, Parser)]
@@ -103,8 +103,8 @@ pub struct Config {
 
     /// How request bodies enter the fingerprint: JSON in canonical form (sorted keys, no
     /// insignificant whitespace) or the exact bytes.
-    #[arg(long, env = "IDEMLOG_FINGERPRINT", value_enum, default_value_t = FingerprintMode::CanonicalJson)]
-    pub fingerprint: FingerprintMode,
+    #[arg(long, env = "IDEMLOG_FINGERPRINT", value_enum, default_value_t = FingerprintArg::CanonicalJson)]
+    pub fingerprint: FingerprintArg,
 
     /// BENCHMARKING AID ONLY: `off` serves POST /payments without the idempotency layer so a load
     /// generator can measure the layer's cost against the same handler. Never run `off` for real.
@@ -153,6 +153,24 @@ pub enum DurabilityArg {
     Periodic,
     /// No fdatasync until shutdown: a crash may lose recent records. For tests and benchmarks.
     None,
+}
+
+/// `--fingerprint`: the command-line names of [`FingerprintMode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FingerprintArg {
+    /// JSON bodies in canonical form; anything else as exact bytes.
+    CanonicalJson,
+    /// Every body as its exact bytes.
+    ExactBytes,
+}
+
+impl From<FingerprintArg> for FingerprintMode {
+    fn from(arg: FingerprintArg) -> Self {
+        match arg {
+            FingerprintArg::CanonicalJson => FingerprintMode::CanonicalJson,
+            FingerprintArg::ExactBytes => FingerprintMode::ExactBytes,
+        }
+    }
 }
 
 /// An on/off switch.

@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use clap::Parser;
 use idemlog::{Options, SystemClock};
+use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacted_url};
+use idemlog_idempotency::{StoreError, StoreHandle};
 use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
-use idemlog_server::backends::embedded::EmbeddedStore;
-use idemlog_server::backends::postgres::{PgConfig, PgStore, redacted_url};
 use idemlog_server::config::{Config, LogFormat, Switch};
-use idemlog_server::idempotency::{SharedStore, StoreError};
-use idemlog_server::{App, AppConfig, app};
+use idemlog_server::router::{RouterConfig, Services, router};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
 
@@ -115,19 +115,19 @@ async fn run(config: Config) -> Result<(), ServerError> {
         None => open_embedded(&config).await?,
     };
 
-    let app_config = AppConfig {
+    let app_config = RouterConfig {
         key_ttl: config.key_ttl,
         lease: config.lease,
         retry_after: config.retry_after,
         max_body_bytes: config.max_body_bytes,
         max_response_bytes: max_value_bytes,
-        fingerprint: config.fingerprint,
+        fingerprint: config.fingerprint.into(),
         gateway_latency: config.gateway_latency,
         gateway_fail_after_charge: config.gateway_fail_after_charge,
         idempotency: config.idempotency == Switch::On,
         max_live_keys_per_account: config.max_live_keys_per_account,
     };
-    let application = App::new(Arc::clone(&store), keys, &app_config);
+    let application = Services::new(Arc::clone(&store), keys, &app_config);
     match application.gateway.charges_total().await {
         Ok(total) => info!(
             charges_total = total,
@@ -136,7 +136,7 @@ async fn run(config: Config) -> Result<(), ServerError> {
         ),
         Err(e) => return Err(ServerError::Store(e)),
     }
-    let router = app(&application);
+    let router = router(&application);
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -177,7 +177,7 @@ async fn run(config: Config) -> Result<(), ServerError> {
 }
 
 /// The embedded store in `--data-dir` (the default), and the largest value it stores.
-async fn open_embedded(config: &Config) -> Result<(SharedStore, usize), ServerError> {
+async fn open_embedded(config: &Config) -> Result<(StoreHandle, usize), ServerError> {
     let clock = Arc::new(SystemClock);
     let options = Options::default()
         .durability(config.engine_durability())
@@ -185,7 +185,7 @@ async fn open_embedded(config: &Config) -> Result<(SharedStore, usize), ServerEr
         .clock(clock);
     let max_value_bytes = options.max_value_bytes;
     let dir = config.data_dir.clone();
-    let embedded = tokio::task::spawn_blocking(move || EmbeddedStore::open(&dir, options))
+    let embedded = tokio::task::spawn_blocking(move || EmbeddedBackend::open(&dir, options))
         .await?
         .map_err(|source| ServerError::Open {
             dir: config.data_dir.display().to_string(),
@@ -219,7 +219,7 @@ async fn open_embedded(config: &Config) -> Result<(SharedStore, usize), ServerEr
 const DATABASE_STARTUP_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The shared PostgreSQL store (`--database-url`); `--data-dir` is not used.
-async fn open_postgres(config: &Config, url: &str) -> Result<SharedStore, ServerError> {
+async fn open_postgres(config: &Config, url: &str) -> Result<StoreHandle, ServerError> {
     let mut pg = PgConfig::new(url)
         .schema(config.database_schema.clone())
         .lease(config.lease)
@@ -227,16 +227,17 @@ async fn open_postgres(config: &Config, url: &str) -> Result<SharedStore, Server
     pg.pool_wait_timeout = config.database_pool_wait;
     let database = redacted_url(url);
     info!(%database, schema = %config.database_schema, "connecting to PostgreSQL");
-    let store = match tokio::time::timeout(DATABASE_STARTUP_LIMIT, PgStore::connect(pg)).await {
-        Ok(Ok(store)) => store,
-        Ok(Err(e)) => return Err(ServerError::Database(e.to_string())),
-        Err(_) => {
-            return Err(ServerError::Database(format!(
-                "could not reach the database {database} within {} s",
-                DATABASE_STARTUP_LIMIT.as_secs()
-            )));
-        }
-    };
+    let store =
+        match tokio::time::timeout(DATABASE_STARTUP_LIMIT, PostgresBackend::connect(pg)).await {
+            Ok(Ok(store)) => store,
+            Ok(Err(e)) => return Err(ServerError::Database(e.to_string())),
+            Err(_) => {
+                return Err(ServerError::Database(format!(
+                    "could not reach the database {database} within {} s",
+                    DATABASE_STARTUP_LIMIT.as_secs()
+                )));
+            }
+        };
     info!(%database, schema = %config.database_schema, "PostgreSQL store ready: schema migrated");
     Ok(Arc::new(store))
 }

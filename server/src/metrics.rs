@@ -2,15 +2,8 @@
 //!
 //! - `gateway_charges_total`: every charge the fake provider has ever made in the store (the data
 //!   directory, or the shared database: all instances); persisted, never decreases;
-//! - `idempotency_requests_total{outcome}`: requests per outcome at the idempotency layer (labels in
-//!   [`Outcome`]); counted since the process started;
-//! - `http_server_request_duration_seconds{http_route,http_request_method,http_response_status_code}`:
-//!   a histogram of the time from a request's arrival at the router to its response head, by
-//!   route template (never the raw path; `unmatched` for the 404 fallback);
-//! - `idemlog_store_up`: 1 while the store serves ([`crate::idempotency::IdempotencyStore::health`]),
-//!   0 while it is poisoned, being reopened or unreachable;
-//! - `idemlog_*`: the backend's own numbers ([`crate::idempotency::IdempotencyStore::gauges`]) and
-//!   histograms ([`crate::idempotency::IdempotencyStore::histograms`]).
+//! - the idempotency layer's and the store's series (`idempotency_requests_total{outcome}`,
+//!   `idemlog_store_up`, `idemlog_*`), named and encoded by [`idemlog_idempotency::metrics`].
 //!
 //! A scrape reads atomics and the backends' running counts: it never walks the store's keys.
 
@@ -30,8 +23,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tracing::warn;
 
-use crate::idempotency::{Gauge, Health, HistogramMetric, Outcome, OutcomeCounts, SharedStore};
 use crate::payments::Gateway;
+use crate::routes::{ROUTES, UNMATCHED_ROUTE};
+use idemlog_idempotency::metrics::Snapshot;
+use idemlog_idempotency::{OutcomeCounts, StoreHandle};
 
 /// Content type of the exposition.
 pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -42,9 +37,6 @@ pub const HTTP_BUCKETS: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
 ];
-
-/// The `http_route` label of a request no route matched (the 404 fallback).
-pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Labels of `http_server_request_duration_seconds` (OpenTelemetry HTTP semantic conventions).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -109,7 +101,7 @@ fn method_label(method: &Method) -> &'static str {
     }
 }
 
-/// The `http_route` label: the matched route's template as listed in [`crate::app::ROUTES`] (a
+/// The `http_route` label: the matched route's template as listed in [`crate::routes::ROUTES`] (a
 /// `&'static str`, so recording allocates nothing), or [`UNMATCHED_ROUTE`].
 ///
 /// A route served by the router but missing from that list is a bug (it would be missing from the
@@ -119,15 +111,12 @@ fn route_label(matched: Option<&MatchedPath>) -> &'static str {
     let Some(matched) = matched else {
         return UNMATCHED_ROUTE;
     };
-    match crate::app::ROUTES
-        .iter()
-        .find(|r| r.path == matched.as_str())
-    {
+    match ROUTES.iter().find(|r| r.path == matched.as_str()) {
         Some(route) => route.path,
         None => {
             debug_assert!(
                 false,
-                "route {} is served but not listed in app::ROUTES",
+                "route {} is served but not listed in routes::ROUTES",
                 matched.as_str()
             );
             "unlisted"
@@ -163,97 +152,36 @@ pub struct MetricsState {
     /// The provider, for the charge count.
     pub gateway: Gateway,
     /// The store, for its numbers.
-    pub store: SharedStore,
+    pub store: StoreHandle,
     /// The HTTP histogram.
     pub http: HttpMetrics,
 }
 
-/// The figures read at one scrape, encoded as a `prometheus-client` collector.
+/// The provider's charge counter, encoded as a `prometheus-client` collector.
 #[derive(Debug)]
-struct Scrape {
-    charges_total: Option<u64>,
-    outcomes: Vec<(&'static str, u64)>,
-    store_up: bool,
-    gauges: Vec<Gauge>,
-    histograms: Vec<HistogramMetric>,
-}
+struct Charges(u64);
 
-impl Collector for Scrape {
+impl Collector for Charges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // Counter names are registered without `_total`: the encoder appends it.
-        if let Some(total) = self.charges_total {
-            let mut metric = encoder.encode_descriptor(
+        encoder
+            .encode_descriptor(
                 "gateway_charges",
                 "Charges the payment provider has ever made (persisted).",
                 None,
                 MetricType::Counter,
-            )?;
-            metric.encode_counter::<NoLabelSet, _, u64>(&total, None)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "idempotency_requests",
-            "Requests at the idempotency layer, by outcome.",
-            None,
-            MetricType::Counter,
-        )?;
-        for (outcome, count) in &self.outcomes {
-            let labels = [("outcome", *outcome)];
-            family
-                .encode_family(&labels)?
-                .encode_counter::<NoLabelSet, _, u64>(count, None)?;
-        }
-        let mut up = encoder.encode_descriptor(
-            "idemlog_store_up",
-            "1 while the idempotency store serves, 0 while it is poisoned, reopening or unreachable.",
-            None,
-            MetricType::Gauge,
-        )?;
-        up.encode_gauge(&i64::from(self.store_up))?;
-        for gauge in &self.gauges {
-            match gauge.name.strip_suffix("_total") {
-                Some(name) => encoder
-                    .encode_descriptor(name, gauge.help, None, MetricType::Counter)?
-                    .encode_counter::<NoLabelSet, _, u64>(&gauge.value, None)?,
-                None => encoder
-                    .encode_descriptor(gauge.name, gauge.help, None, MetricType::Gauge)?
-                    .encode_gauge(&gauge.value)?,
-            }
-        }
-        let mut i = 0;
-        while i < self.histograms.len() {
-            let first = &self.histograms[i];
-            let mut metric =
-                encoder.encode_descriptor(first.name, first.help, None, MetricType::Histogram)?;
-            while let Some(h) = self.histograms.get(i).filter(|h| h.name == first.name) {
-                let buckets: Vec<(f64, u64)> = h
-                    .bounds
-                    .iter()
-                    .copied()
-                    .chain(std::iter::once(f64::INFINITY))
-                    .zip(h.counts.iter().copied())
-                    .collect();
-                match h.label {
-                    Some((key, value)) => {
-                        let labels = [(key, value)];
-                        metric
-                            .encode_family(&labels)?
-                            .encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)?;
-                    }
-                    None => {
-                        metric.encode_histogram::<NoLabelSet>(h.sum, h.count, &buckets, None)?
-                    }
-                }
-                i += 1;
-            }
-        }
-        Ok(())
+            )?
+            .encode_counter::<NoLabelSet, _, u64>(&self.0, None)
     }
 }
 
-/// Encodes one scrape: the figures just read, then the HTTP histogram.
-fn render(scrape: Scrape, http: &HttpMetrics) -> String {
+/// Encodes one scrape: the charge count, the layer's and store's figures, then the HTTP histogram.
+fn render(charges_total: Option<u64>, idempotency: Snapshot, http: &HttpMetrics) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(scrape));
+    if let Some(total) = charges_total {
+        registry.register_collector(Box::new(Charges(total)));
+    }
+    idempotency.register(&mut registry);
     let mut out = String::with_capacity(8192);
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
@@ -270,17 +198,8 @@ pub async fn metrics(State(state): State<MetricsState>) -> Response {
             None
         }
     };
-    let scrape = Scrape {
-        charges_total,
-        outcomes: Outcome::ALL
-            .iter()
-            .map(|&o| (o.label(), state.counts.get(o)))
-            .collect(),
-        store_up: state.store.health() == Health::Ready,
-        gauges: state.store.gauges().await,
-        histograms: state.store.histograms(),
-    };
-    let mut response = render(scrape, &state.http).into_response();
+    let idempotency = Snapshot::read(&state.counts, state.store.as_ref()).await;
+    let mut response = render(charges_total, idempotency, &state.http).into_response();
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_TEXT));
@@ -289,42 +208,12 @@ pub async fn metrics(State(state): State<MetricsState>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use idemlog_idempotency::Outcome;
+
     use super::*;
 
-    fn scrape(counts: &OutcomeCounts) -> Scrape {
-        Scrape {
-            charges_total: Some(7),
-            outcomes: Outcome::ALL
-                .iter()
-                .map(|&o| (o.label(), counts.get(o)))
-                .collect(),
-            store_up: true,
-            gauges: vec![
-                Gauge {
-                    name: "idemlog_records",
-                    help: "Records.",
-                    value: 3.0,
-                },
-                Gauge {
-                    name: "idemlog_syncs_total",
-                    help: "Syncs.",
-                    value: 4.0,
-                },
-            ],
-            histograms: vec![HistogramMetric {
-                name: "idemlog_pg_statement_duration_seconds",
-                help: "Statement latency.",
-                label: Some(("statement", "claim")),
-                bounds: vec![0.001, 0.01],
-                counts: vec![1, 2, 3],
-                sum: 1.5,
-                count: 6,
-            }],
-        }
-    }
-
     #[test]
-    fn exposition_keeps_every_series_name() {
+    fn exposition_has_the_charges_the_layer_and_the_http_histogram() {
         let counts = OutcomeCounts::default();
         counts.record(Outcome::Replayed);
         let http = HttpMetrics::default();
@@ -336,31 +225,14 @@ mod tests {
             },
             0.0003,
         );
-        let text = render(scrape(&counts), &http);
+        let text = render(
+            Some(7),
+            Snapshot::new(&counts, true, Vec::new(), Vec::new()),
+            &http,
+        );
         assert!(text.contains("\ngateway_charges_total 7\n"), "{text}");
         assert!(text.contains("idempotency_requests_total{outcome=\"replayed\"} 1\n"));
-        for outcome in Outcome::ALL {
-            assert!(text.contains(&format!("outcome=\"{}\"", outcome.label())));
-        }
         assert!(text.contains("\nidemlog_store_up 1\n"), "{text}");
-        assert!(text.contains("\nidemlog_records 3"), "{text}");
-        assert!(
-            text.contains("# TYPE idemlog_syncs_total counter\n"),
-            "{text}"
-        );
-        assert!(text.contains("\nidemlog_syncs_total 4"), "{text}");
-        assert!(
-            text.contains(
-                "idemlog_pg_statement_duration_seconds_bucket{statement=\"claim\",le=\"0.01\"} 3\n"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                "idemlog_pg_statement_duration_seconds_bucket{statement=\"claim\",le=\"+Inf\"} 6\n"
-            ),
-            "{text}"
-        );
         assert!(text.contains(
             "http_server_request_duration_seconds_bucket{http_route=\"/payments/{id}\",http_request_method=\"GET\",http_response_status_code=\"200\",le=\"0.0005\"} 1\n"
         ), "{text}");

@@ -4,7 +4,7 @@
 //! The operations are described on stand-in functions here rather than on the handlers, so that
 //! the document can describe routes whose handlers live in other modules. It cannot drift from the
 //! router unnoticed: `server/tests/observability.rs` checks that the document's operations are
-//! exactly [`crate::app::ROUTES`], and that the router serves every entry; a route served but not
+//! exactly [`crate::routes::ROUTES`], and that the router serves every entry; a route served but not
 //! listed there panics in debug builds at its first request.
 
 use axum::Json;

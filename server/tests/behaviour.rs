@@ -13,9 +13,9 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use bytes::Bytes;
 use harness::*;
-use idemlog_server::idempotency::Outcome;
-use idemlog_server::idempotency::store::{
-    ClaimOutcome, Fingerprint, InsertOnce, RecordWrite, StoreError, StoredResponse, Takeover,
+use idemlog_idempotency::Outcome;
+use idemlog_idempotency::store::{
+    Claim, Fingerprint, InsertOnce, RecordWrite, StoreError, StoredResponse, Takeover,
 };
 
 /// Runs `scenario` on both backends, each in its own test.
@@ -190,7 +190,7 @@ fn fp(n: u8) -> Fingerprint {
 on_every_backend!(a_stuck_claim_is_taken_over_and_its_holder_fenced);
 async fn a_stuck_claim_is_taken_over_and_its_holder_fenced(h: &Harness) {
     let store = &h.store;
-    let ClaimOutcome::Acquired(zombie) = store
+    let Claim::Acquired(zombie) = store
         .claim("acct_a", "k", &fp(1), TTL)
         .await
         .expect("claim")
@@ -202,11 +202,11 @@ async fn a_stuck_claim_is_taken_over_and_its_holder_fenced(h: &Harness) {
         .await
         .expect("claim")
     {
-        ClaimOutcome::InProgress { lease_left } => assert!(lease_left <= LEASE),
+        Claim::InProgress { lease_left } => assert!(lease_left <= LEASE),
         other => panic!("expected in progress, got {other:?}"),
     }
     h.pass(LEASE + Duration::from_millis(200)).await;
-    let ClaimOutcome::Acquired(winner) = store
+    let Claim::Acquired(winner) = store
         .claim("acct_a", "k", &fp(1), TTL)
         .await
         .expect("claim")
@@ -248,7 +248,7 @@ async fn a_stuck_claim_is_taken_over_and_its_holder_fenced(h: &Harness) {
         .await
         .expect("claim")
     {
-        ClaimOutcome::Completed(stored) => assert_eq!(stored.body, Bytes::from("winner")),
+        Claim::Completed(stored) => assert_eq!(stored.body, Bytes::from("winner")),
         other => panic!("expected the winner's response, got {other:?}"),
     }
 }
@@ -256,7 +256,7 @@ async fn a_stuck_claim_is_taken_over_and_its_holder_fenced(h: &Harness) {
 on_every_backend!(a_business_record_exists_exactly_when_its_key_completes);
 async fn a_business_record_exists_exactly_when_its_key_completes(h: &Harness) {
     let store = &h.store;
-    let ClaimOutcome::Acquired(released) = store
+    let Claim::Acquired(released) = store
         .claim("acct_a", "k1", &fp(1), TTL)
         .await
         .expect("claim")
@@ -271,7 +271,7 @@ async fn a_business_record_exists_exactly_when_its_key_completes(h: &Harness) {
             .expect("read")
             .is_none()
     );
-    let ClaimOutcome::Acquired(token) = store
+    let Claim::Acquired(token) = store
         .claim("acct_a", "k1", &fp(1), TTL)
         .await
         .expect("claim")
@@ -293,7 +293,7 @@ async fn a_business_record_exists_exactly_when_its_key_completes(h: &Harness) {
             .claim("acct_a", "k1", &fp(2), TTL)
             .await
             .expect("claim"),
-        ClaimOutcome::Mismatch { .. }
+        Claim::Mismatch { .. }
     ));
 }
 
@@ -397,7 +397,7 @@ async fn the_status_path_names_the_key_as_stored_for_quoted_and_bare_headers(h: 
 on_every_backend!(the_status_of_a_running_key_never_extends_its_lease);
 async fn the_status_of_a_running_key_never_extends_its_lease(h: &Harness) {
     let store = &h.store;
-    let ClaimOutcome::Acquired(first) = store
+    let Claim::Acquired(first) = store
         .claim("acct_a", "running", &fp(1), TTL)
         .await
         .expect("claim")
@@ -415,7 +415,7 @@ async fn the_status_of_a_running_key_never_extends_its_lease(h: &Harness) {
     }
     h.pass(LEASE / 4 + Duration::from_millis(200)).await;
     // The lease ran out on schedule: the reads did not renew it.
-    let ClaimOutcome::Acquired(winner) = store
+    let Claim::Acquired(winner) = store
         .claim("acct_a", "running", &fp(1), TTL)
         .await
         .expect("claim")

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::{BODY, KEY_A, TestApp};
-use idemlog_server::app::{ROUTES, Route};
+use idemlog_server::routes::{ROUTES, Route};
 
 async fn scrape(t: &TestApp) -> String {
     let reply = t

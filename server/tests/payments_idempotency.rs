@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
 use idemlog::Durability;
-use idemlog_server::idempotency::{FingerprintMode, Outcome};
+use idemlog_idempotency::{FingerprintMode, Outcome};
 
 #[tokio::test]
 async fn replay_returns_the_stored_response_without_charging_again() {

@@ -19,14 +19,14 @@ use super::PAYMENTS_NAMESPACE;
 use super::model::{CreatePayment, PaymentRecord};
 use super::provider::{Gateway, GatewayError, provider_key};
 use crate::auth::Account;
-use crate::idempotency::{ClaimInfo, IdempotencyKey, RecordWrite, SharedStore, SideRecords, key};
-use crate::problem::Problem;
+use idemlog_idempotency::problem::Problem;
+use idemlog_idempotency::{ClaimInfo, IdempotencyKey, RecordWrite, SideRecords, StoreHandle, key};
 
 /// What the payment handlers need.
 #[derive(Clone)]
 pub struct PaymentsState {
     /// The store (payment records are business records in it).
-    pub store: SharedStore,
+    pub store: StoreHandle,
     /// The fake provider.
     pub gateway: Gateway,
 }

@@ -6,7 +6,7 @@
 //! after a crash, a lost response or a takeover safe: the handler runs again, but the money moves
 //! once. Charges are business records (namespace [`CHARGES_NAMESPACE`]) that expire with the
 //! idempotency key they were made under, written with
-//! [`IdempotencyStore::insert_once`](crate::idempotency::IdempotencyStore::insert_once): the
+//! [`IdempotencyStore::insert_once`](idemlog_idempotency::IdempotencyStore::insert_once): the
 //! check-and-charge is atomic across every process sharing the store, and the all-time count
 //! ([`CHARGES_COUNTER`], `gateway_charges_total`) goes up in the same atomic step, so it survives
 //! restarts, counts every instance's charges and never decreases.
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use crate::idempotency::{Expiry, InsertOnce, RecordWrite, SharedStore, StoreError};
+use idemlog_idempotency::{Expiry, InsertOnce, RecordWrite, StoreError, StoreHandle};
 
 /// Namespace of charge records, keyed by provider key.
 pub const CHARGES_NAMESPACE: &str = "gateway.charges";
@@ -92,7 +92,7 @@ pub struct Gateway {
 }
 
 struct Inner {
-    store: SharedStore,
+    store: StoreHandle,
     config: GatewayConfig,
     /// New charges made by this process, for `fail_after_charge`.
     new_charges: AtomicU64,
@@ -103,7 +103,7 @@ struct Inner {
 
 impl Gateway {
     /// The provider on `store`.
-    pub fn new(store: SharedStore, config: GatewayConfig) -> Self {
+    pub fn new(store: StoreHandle, config: GatewayConfig) -> Self {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())

@@ -12,11 +12,11 @@ use axum::body::Body;
 use axum::http::Request;
 use idemlog::storage::FaultyStorage;
 use idemlog::{ManualClock, Options};
+use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend};
+use idemlog_idempotency::{FingerprintMode, Outcome, StoreHandle};
 use idemlog_server::auth::ApiKeys;
-use idemlog_server::backends::embedded::EmbeddedStore;
-use idemlog_server::backends::postgres::{PgConfig, PgStore};
-use idemlog_server::idempotency::{FingerprintMode, Outcome, SharedStore};
-use idemlog_server::{App, AppConfig, app};
+use idemlog_server::router::{RouterConfig, Services, router};
 
 pub use crate::common::{BODY, KEY_A, KEY_B, Reply, database_url, payment, send};
 /// Short enough for PostgreSQL tests to wait out.
@@ -47,8 +47,8 @@ impl Default for Settings {
 }
 
 pub struct Harness {
-    pub store: SharedStore,
-    pub app: App,
+    pub store: StoreHandle,
+    pub services: Services,
     pub router: Router,
     clock: Option<ManualClock>,
     drop_schema: Option<(String, String)>,
@@ -66,7 +66,7 @@ impl Harness {
     /// The app on `backend`, or `None` when that backend is not available here (PostgreSQL without
     /// `DATABASE_URL` on a developer machine).
     pub async fn start(backend: Backend, settings: Settings) -> Option<Harness> {
-        let (store, clock, drop_schema): (SharedStore, _, _) = match backend {
+        let (store, clock, drop_schema): (StoreHandle, _, _) = match backend {
             Backend::Embedded => {
                 let clock = ManualClock::new(1_700_000_000_000);
                 let options = Options::default()
@@ -74,7 +74,7 @@ impl Harness {
                     .clock(Arc::new(clock.clone()))
                     .lease(LEASE)
                     .max_value_bytes(64 * 1024);
-                let store = EmbeddedStore::open("/data", options).expect("open store");
+                let store = EmbeddedBackend::open("/data", options).expect("open store");
                 (Arc::new(store), Some(clock), None)
             }
             Backend::Postgres => {
@@ -83,7 +83,7 @@ impl Harness {
                 let config = PgConfig::new(url.clone())
                     .schema(schema.clone())
                     .lease(LEASE);
-                let store = PgStore::connect(config)
+                let store = PostgresBackend::connect(config)
                     .await
                     .expect("connect to PostgreSQL");
                 (Arc::new(store), None, Some((url, schema)))
@@ -94,7 +94,7 @@ impl Harness {
             (KEY_B.to_owned(), "acct_b".to_owned()),
         ])
         .expect("keys");
-        let config = AppConfig {
+        let config = RouterConfig {
             key_ttl: TTL,
             lease: LEASE,
             retry_after: Duration::from_secs(1),
@@ -106,11 +106,11 @@ impl Harness {
             idempotency: true,
             max_live_keys_per_account: settings.max_live_keys,
         };
-        let app_state = App::new(Arc::clone(&store), keys, &config);
-        let router = app(&app_state);
+        let services = Services::new(Arc::clone(&store), keys, &config);
+        let router = router(&services);
         Some(Harness {
             store,
-            app: app_state,
+            services,
             router,
             clock,
             drop_schema,
@@ -126,7 +126,7 @@ impl Harness {
     }
 
     pub async fn charges(&self) -> u64 {
-        self.app
+        self.services
             .gateway
             .charges_total()
             .await
@@ -134,7 +134,7 @@ impl Harness {
     }
 
     pub fn outcome(&self, outcome: Outcome) -> u64 {
-        self.app
+        self.services
             .idempotency
             .as_ref()
             .map_or(0, |layer| layer.counts().get(outcome))

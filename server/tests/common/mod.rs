@@ -1,4 +1,4 @@
-//! Shared fixture: the real router (`idemlog_server::app`) on an in-memory, fault-injecting store
+//! Shared fixture: the real router (`idemlog_server::router::router`) on an in-memory, fault-injecting store
 //! with a manual clock, driven with `tower::ServiceExt::oneshot`.
 #![allow(dead_code)]
 
@@ -11,10 +11,10 @@ use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use idemlog::storage::FaultyStorage;
 use idemlog::{Durability, ManualClock, Options};
+use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_idempotency::{FingerprintMode, Outcome};
 use idemlog_server::auth::ApiKeys;
-use idemlog_server::backends::embedded::EmbeddedStore;
-use idemlog_server::idempotency::{FingerprintMode, Outcome};
-use idemlog_server::{App, AppConfig, app};
+use idemlog_server::router::{RouterConfig, Services, router};
 use tower::ServiceExt;
 
 pub const KEY_A: &str = "key_a";
@@ -57,8 +57,8 @@ pub struct TestApp {
     pub dir: PathBuf,
     pub settings: Settings,
     pub keys: Vec<(String, String)>,
-    pub store: EmbeddedStore,
-    pub app: App,
+    pub store: EmbeddedBackend,
+    pub services: Services,
     pub router: Router,
 }
 
@@ -116,7 +116,7 @@ impl TestApp {
         let fs = FaultyStorage::new();
         let clock = ManualClock::new(1_700_000_000_000);
         let dir = PathBuf::from("/data");
-        let (store, app, router) = build(&fs, &clock, &dir, &settings, &keys);
+        let (store, services, router) = build(&fs, &clock, &dir, &settings, &keys);
         Self {
             fs,
             clock,
@@ -124,7 +124,7 @@ impl TestApp {
             settings,
             keys,
             store,
-            app,
+            services,
             router,
         }
     }
@@ -148,15 +148,15 @@ impl TestApp {
     }
 
     fn reopen(&mut self) {
-        let (store, app, router) =
+        let (store, services, router) =
             build(&self.fs, &self.clock, &self.dir, &self.settings, &self.keys);
         self.store = store;
-        self.app = app;
+        self.services = services;
         self.router = router;
     }
 
     pub async fn charges(&self) -> u64 {
-        self.app
+        self.services
             .gateway
             .charges_total()
             .await
@@ -164,7 +164,7 @@ impl TestApp {
     }
 
     pub fn outcome(&self, outcome: Outcome) -> u64 {
-        self.app
+        self.services
             .idempotency
             .as_ref()
             .map_or(0, |layer| layer.counts().get(outcome))
@@ -189,7 +189,7 @@ impl TestApp {
 
     /// Waits (bounded) until the layer's spawned tasks are done.
     pub async fn idle(&self) {
-        if let Some(layer) = &self.app.idempotency {
+        if let Some(layer) = &self.services.idempotency {
             tokio::time::timeout(Duration::from_secs(10), layer.in_flight().wait_idle())
                 .await
                 .expect("in-flight requests finish");
@@ -203,16 +203,16 @@ fn build(
     dir: &PathBuf,
     settings: &Settings,
     keys: &[(String, String)],
-) -> (EmbeddedStore, App, Router) {
+) -> (EmbeddedBackend, Services, Router) {
     let options = Options::default()
         .storage(Arc::new(fs.clone()))
         .clock(Arc::new(clock.clone()))
         .lease(LEASE)
         .durability(settings.durability)
         .max_value_bytes(64 * 1024);
-    let store = EmbeddedStore::open(dir, options).expect("open store");
+    let store = EmbeddedBackend::open(dir, options).expect("open store");
     let keys = ApiKeys::new(keys).expect("keys");
-    let config = AppConfig {
+    let config = RouterConfig {
         key_ttl: TTL,
         lease: LEASE,
         max_body_bytes: settings.max_body_bytes,
@@ -224,9 +224,9 @@ fn build(
         retry_after: settings.retry_after,
         max_live_keys_per_account: 0,
     };
-    let app_state = App::new(Arc::new(store.clone()), keys, &config);
-    let router = app(&app_state);
-    (store, app_state, router)
+    let services = Services::new(Arc::new(store.clone()), keys, &config);
+    let router = router(&services);
+    (store, services, router)
 }
 
 fn default_keys() -> Vec<(String, String)> {

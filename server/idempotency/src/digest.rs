@@ -27,7 +27,7 @@ use bytes::Bytes;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::fingerprint::{self, FingerprintMode, JsonBody};
+use crate::fingerprint::{self, FingerprintMode, JsonBody};
 
 /// Most leaf members a JSON body may have for its member list to be kept.
 pub const MAX_MEMBERS: usize = 64;

@@ -1,6 +1,6 @@
 //! The PostgreSQL backend: one database shared by any number of server instances.
 //!
-//! [`PgStore::connect`] opens a bounded pool ([`PgConfig`]), creates or migrates the schema
+//! [`PostgresBackend::connect`] opens a bounded pool ([`PgConfig`]), creates or migrates the schema
 //! ([`schema`]), and starts two background tasks: the cleanup of expired rows ([`cleanup`]) and,
 //! while the database is unreachable, a probe that lets [`IdempotencyStore::health`] recover by
 //! itself.
@@ -45,8 +45,8 @@ pub use config::{PgConfig, PgError};
 pub use schema::SCHEMA_VERSION;
 pub use url::redacted_url;
 
-use crate::idempotency::store::{
-    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, HistogramMetric,
+use crate::store::{
+    Claim, ClaimExtras, Expiry, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric,
     IdempotencyStore, InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
     Takeover,
 };
@@ -56,7 +56,7 @@ use sql::{COMPLETED, IN_PROGRESS, Statements};
 /// finds the key changing under it.
 const MAX_ATTEMPTS: u32 = 8;
 
-/// Bound on all of [`PgStore::connect`] (connection attempts and migration), so that a binary that
+/// Bound on all of [`PostgresBackend::connect`] (connection attempts and migration), so that a binary that
 /// cannot reach its database exits within 30 s.
 pub const STARTUP_DEADLINE: Duration = Duration::from_secs(25);
 
@@ -68,7 +68,7 @@ const MAX_HEADER_VALUE: usize = 8 * 1024;
 
 /// The PostgreSQL implementation of [`IdempotencyStore`]. Cheap to clone (one shared pool).
 #[derive(Clone)]
-pub struct PgStore {
+pub struct PostgresBackend {
     inner: Arc<Inner>,
 }
 
@@ -349,7 +349,7 @@ impl<'a> WriteArrays<'a> {
     }
 }
 
-fn lease_lost(token: &ClaimToken) -> Fail {
+fn lease_lost(token: &HeldClaim) -> Fail {
     Fail::Store(StoreError::LeaseLost {
         scope: token.scope.clone(),
         key: token.key.clone(),
@@ -361,12 +361,12 @@ fn lease_lost(token: &ClaimToken) -> Fail {
 const MAX_REQUEST_DIGEST: usize = 8 * 1024;
 
 /// What a row of the claim statement says.
-fn claim_outcome(row: &tokio_postgres::Row, scope: &str, key: &str) -> Result<ClaimOutcome, Fail> {
+fn claim_outcome(row: &tokio_postgres::Row, scope: &str, key: &str) -> Result<Claim, Fail> {
     if row.try_get::<_, bool>("quota_full")? {
         let wait = row
             .try_get::<_, Option<i64>>("next_expiry_ms")?
             .unwrap_or(1000);
-        return Ok(ClaimOutcome::QuotaExceeded {
+        return Ok(Claim::QuotaExceeded {
             retry_after: Duration::from_millis(wait.max(1) as u64),
         });
     }
@@ -378,7 +378,7 @@ fn claim_outcome(row: &tokio_postgres::Row, scope: &str, key: &str) -> Result<Cl
             Some(2) => Some(Takeover::LeaseExpired),
             _ => None,
         };
-        return Ok(ClaimOutcome::Acquired(ClaimToken {
+        return Ok(Claim::Acquired(HeldClaim {
             scope: scope.to_string(),
             key: key.to_string(),
             fence: fence as u64,
@@ -394,19 +394,19 @@ fn claim_outcome(row: &tokio_postgres::Row, scope: &str, key: &str) -> Result<Cl
     }
     if row.try_get::<_, Option<bool>>("same_fp")? != Some(true) {
         let digest: Option<Vec<u8>> = row.try_get("request_digest")?;
-        return Ok(ClaimOutcome::Mismatch {
+        return Ok(Claim::Mismatch {
             request_digest: digest.map(Bytes::from),
         });
     }
     match row.try_get::<_, Option<i16>>("state")? {
-        Some(IN_PROGRESS) => Ok(ClaimOutcome::InProgress {
+        Some(IN_PROGRESS) => Ok(Claim::InProgress {
             lease_left: Duration::from_millis(
                 row.try_get::<_, Option<i64>>("lease_left_ms")?
                     .unwrap_or(0)
                     .max(0) as u64,
             ),
         }),
-        Some(COMPLETED) => Ok(ClaimOutcome::Completed(
+        Some(COMPLETED) => Ok(Claim::Completed(
             response_from(
                 row.try_get("status")?,
                 row.try_get("headers")?,
@@ -420,16 +420,16 @@ fn claim_outcome(row: &tokio_postgres::Row, scope: &str, key: &str) -> Result<Cl
     }
 }
 
-fn fence_of(token: &ClaimToken) -> i64 {
+fn fence_of(token: &HeldClaim) -> i64 {
     to_i64(token.fence)
 }
 
-impl PgStore {
+impl PostgresBackend {
     /// Connects (bounded: [`PgConfig::connect_attempts`] attempts of at most
     /// [`PgConfig::connect_timeout`] each), creates or migrates the schema, and starts the
     /// background cleanup ([`PgConfig::cleanup_interval`]) and the health probe. Errors name the
     /// database by [`redacted_url`], never with its password.
-    pub async fn connect(config: PgConfig) -> Result<PgStore, PgError> {
+    pub async fn connect(config: PgConfig) -> Result<PostgresBackend, PgError> {
         config::validate_schema(&config.schema)?;
         if config.pool_size == 0 {
             return Err(PgError::Config("pool_size must be at least 1".into()));
@@ -572,7 +572,7 @@ impl PgStore {
         });
         let probe = tokio::spawn(cleanup::probe(Arc::downgrade(&inner)));
         inner.tasks.lock().push(probe);
-        let store = PgStore { inner };
+        let store = PostgresBackend { inner };
         if let Some(interval) = config.cleanup_interval {
             store.spawn_cleanup(interval, config.cleanup_batch);
         }
@@ -723,7 +723,7 @@ impl Inner {
 }
 
 #[async_trait]
-impl IdempotencyStore for PgStore {
+impl IdempotencyStore for PostgresBackend {
     async fn claim_with(
         &self,
         scope: &str,
@@ -731,7 +731,7 @@ impl IdempotencyStore for PgStore {
         fingerprint: &Fingerprint,
         ttl: Duration,
         extras: &ClaimExtras,
-    ) -> Result<ClaimOutcome, StoreError> {
+    ) -> Result<Claim, StoreError> {
         check_key(scope, key)?;
         let ttl_ms = millis(ttl);
         if ttl_ms < 1 {
@@ -785,7 +785,7 @@ impl IdempotencyStore for PgStore {
                 })
                 .await?;
             match outcome {
-                ClaimOutcome::QuotaExceeded { .. } if !purged => {
+                Claim::QuotaExceeded { .. } if !purged => {
                     purged = true;
                     let freed = inner
                         .with_retry("claim", |c| async move {
@@ -805,7 +805,7 @@ impl IdempotencyStore for PgStore {
 
     async fn complete(
         &self,
-        token: &ClaimToken,
+        token: &HeldClaim,
         response: &StoredResponse,
         records: &[RecordWrite],
     ) -> Result<(), StoreError> {
@@ -857,7 +857,7 @@ impl IdempotencyStore for PgStore {
             .await
     }
 
-    async fn release(&self, token: &ClaimToken) -> Result<(), StoreError> {
+    async fn release(&self, token: &HeldClaim) -> Result<(), StoreError> {
         let inner = &*self.inner;
         let fence = fence_of(token);
         let (scope, key) = (token.scope.as_str(), token.key.as_str());
@@ -873,7 +873,7 @@ impl IdempotencyStore for PgStore {
             .await
     }
 
-    async fn extend(&self, token: &ClaimToken) -> Result<Duration, StoreError> {
+    async fn extend(&self, token: &HeldClaim) -> Result<Duration, StoreError> {
         let inner = &*self.inner;
         let fence = fence_of(token);
         let lease_ms = inner.lease_ms;

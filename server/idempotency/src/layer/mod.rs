@@ -36,21 +36,24 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tower::{Layer, Service, ServiceExt};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use super::catch_panic::{self, CatchPanic};
-use super::finish_on_drop::FinishOnDrop;
+mod catch_panic;
+mod finish_on_drop;
+mod in_flight;
 
-use super::digest;
-use super::fingerprint::{self, FingerprintMode};
-use super::in_flight::InFlight;
-use super::key::{self, IdempotencyKey};
-use super::outcome::{Outcome, OutcomeCounts};
-use super::replay;
-use super::side_records::SideRecords;
-use super::store::{
-    ClaimExtras, ClaimOutcome, ClaimToken, Fingerprint, KeyState, SharedStore, StoreError, Takeover,
-};
-use super::{ClaimInfo, Scope};
+use self::catch_panic::{self as panics, CatchPanic};
+use self::finish_on_drop::FinishOnDrop;
+pub use self::in_flight::InFlight;
+use crate::digest;
+use crate::fingerprint::{self, FingerprintMode};
+use crate::key::{self, IdempotencyKey};
+use crate::outcome::{Outcome, OutcomeCounts};
 use crate::problem::Problem;
+use crate::replay;
+use crate::side_records::SideRecords;
+use crate::store::{
+    Claim, ClaimExtras, Fingerprint, HeldClaim, KeyState, StoreError, StoreHandle, Takeover,
+};
+use crate::{ClaimInfo, Scope};
 
 /// Settings of an [`IdempotencyLayer`].
 #[derive(Debug, Clone)]
@@ -97,7 +100,7 @@ pub struct IdempotencyLayer {
 }
 
 struct Shared {
-    store: SharedStore,
+    store: StoreHandle,
     config: IdempotencyConfig,
     counts: Arc<OutcomeCounts>,
     in_flight: InFlight,
@@ -105,7 +108,7 @@ struct Shared {
 
 impl IdempotencyLayer {
     /// A layer keeping its records in `store`.
-    pub fn new(store: SharedStore, config: IdempotencyConfig) -> Self {
+    pub fn new(store: StoreHandle, config: IdempotencyConfig) -> Self {
         Self {
             shared: Arc::new(Shared {
                 store,
@@ -318,7 +321,7 @@ where
         Ok(response) => response,
         Err(panic) => {
             error!(
-                panic = catch_panic::message(&panic),
+                panic = panics::message(&panic),
                 "idempotency layer panicked"
             );
             Problem::internal("the request could not be processed").into_response()
@@ -353,7 +356,7 @@ where
         .await;
     match claimed {
         Err(e) => store_failure(counts, "claim", &e),
-        Ok(ClaimOutcome::Completed(stored)) => {
+        Ok(Claim::Completed(stored)) => {
             counts.record(Outcome::Replayed);
             info!(
                 status = stored.status,
@@ -361,7 +364,7 @@ where
             );
             replay::replay(stored)
         }
-        Ok(ClaimOutcome::InProgress { lease_left }) => {
+        Ok(Claim::InProgress { lease_left }) => {
             counts.record(Outcome::Conflict);
             let hint = retry_after_hint(shared.config.retry_after, lease_left);
             info!(
@@ -371,7 +374,7 @@ where
             );
             in_progress(hint)
         }
-        Ok(ClaimOutcome::Mismatch {
+        Ok(Claim::Mismatch {
             request_digest: stored,
         }) => {
             counts.record(Outcome::Mismatch);
@@ -389,7 +392,7 @@ where
                 None => problem.into_response(),
             }
         }
-        Ok(ClaimOutcome::QuotaExceeded { retry_after }) => {
+        Ok(Claim::QuotaExceeded { retry_after }) => {
             counts.record(Outcome::QuotaExceeded);
             let seconds = retry_after.as_millis().div_ceil(1000).max(1) as u64;
             info!(
@@ -409,7 +412,7 @@ where
             .retry_after(seconds)
             .into_response()
         }
-        Ok(ClaimOutcome::Acquired(token)) => {
+        Ok(Claim::Acquired(token)) => {
             let mut request = request;
             request.extensions_mut().insert(ClaimInfo {
                 fence: token.fence,
@@ -474,7 +477,7 @@ async fn tick(interval: &mut Option<Interval>) {
 /// `heartbeat` meanwhile, so that only a holder that died loses its key.
 async fn with_renewal<F: Future + Unpin>(
     shared: &Shared,
-    token: &ClaimToken,
+    token: &HeldClaim,
     mut handler: F,
 ) -> F::Output {
     let mut renew = shared.config.heartbeat.map(|period| {
@@ -508,7 +511,7 @@ async fn with_renewal<F: Future + Unpin>(
 async fn execute<S>(
     shared: Arc<Shared>,
     inner: S,
-    token: ClaimToken,
+    token: HeldClaim,
     fp: Fingerprint,
     request: Request,
 ) -> Response
@@ -553,7 +556,7 @@ where
         Ok(Err(never)) => match never {},
         Err(panic) => {
             error!(
-                panic = catch_panic::message(&panic),
+                panic = panics::message(&panic),
                 "handler panicked: releasing the key"
             );
             release(&shared, token).await;
@@ -617,7 +620,7 @@ const FENCED_POLL: Duration = Duration::from_millis(20);
 /// Our claim was taken over while the handler ran: answer with the winner's result, never ours.
 /// The winner usually finishes soon (the provider dedups its charge onto ours), so wait a little for
 /// its stored response; 409 if it does not come.
-async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Response {
+async fn fenced(shared: &Shared, token: &HeldClaim, fp: Fingerprint) -> Response {
     shared.counts.record(Outcome::Fenced);
     let fence = token.fence;
     let deadline = Instant::now() + FENCED_WAIT;
@@ -663,7 +666,7 @@ async fn fenced(shared: &Shared, token: &ClaimToken, fp: Fingerprint) -> Respons
 }
 
 /// Gives the key up so a retry can run; failures only delay that until the lease runs out.
-async fn release(shared: &Shared, token: ClaimToken) {
+async fn release(shared: &Shared, token: HeldClaim) {
     let fence = token.fence;
     match shared.store.release(&token).await {
         Ok(()) => info!(fence, "key released: a retry will run the handler again"),

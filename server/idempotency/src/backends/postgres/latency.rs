@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::idempotency::HistogramMetric;
+use crate::HistogramMetric;
 
 /// The calls timed, as the `statement` label names them.
 pub(crate) const STATEMENTS: [&str; 10] = [

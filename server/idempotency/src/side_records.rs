@@ -15,8 +15,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::error;
 
-use super::store::{RecordWrite, SharedStore};
 use crate::problem::Problem;
+use crate::store::{RecordWrite, StoreHandle};
 
 /// Records to write atomically with the response's completion. Put in the response extensions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct SideRecords(pub Vec<RecordWrite>);
 /// Middleware for routes without the idempotency layer: writes a response's [`SideRecords`] before
 /// the response goes out (a failed write turns it into a 503).
 pub async fn persist_side_records(
-    State(store): State<SharedStore>,
+    State(store): State<StoreHandle>,
     request: Request,
     next: Next,
 ) -> Response {

@@ -1,11 +1,11 @@
 //! `GET /idempotency-keys/{key}`: what became of a key, without re-sending its request.
 //!
 //! `{key}` is the stored key, percent-encoded: for a structured-field string (`"abc"`) the content
-//! between the quotes (unescaped), for a bare key the key itself ([`super::key`] maps both header
+//! between the quotes (unescaped), for a bare key the key itself ([`crate::key`] maps both header
 //! forms to that one stored key). The scope is the authenticated account, as for the request that
 //! claimed it. A key the account never used, one that expired and one of another account are the
 //! same 404. Reading never claims, extends, releases or changes anything: it is one
-//! [`IdempotencyStore::get`](super::IdempotencyStore::get).
+//! [`IdempotencyStore::get`](crate::IdempotencyStore::get).
 
 use std::time::Duration;
 
@@ -17,15 +17,15 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 use tracing::{error, info};
 
-use super::layer::retry_after_hint;
-use super::{KeyState, Scope, SharedStore, key};
+use crate::layer::retry_after_hint;
 use crate::problem::Problem;
+use crate::{KeyState, Scope, StoreHandle, key};
 
 /// What the status route needs.
 #[derive(Clone)]
 pub struct KeyStatusState {
     /// The store (any backend).
-    pub store: SharedStore,
+    pub store: StoreHandle,
     /// The `Retry-After` hint of a 409, which `retry_after` of an in-progress key repeats.
     pub retry_after: Duration,
 }

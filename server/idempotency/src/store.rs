@@ -6,7 +6,7 @@
 //!
 //! What every implementation guarantees (the behaviour suite in `server/tests/` runs against each):
 //! - **claim** is atomic per `(scope, key)`: of any number of concurrent claims exactly one is
-//!   [`ClaimOutcome::Acquired`]; a record past its TTL, or an in-progress claim whose lease ran out,
+//!   [`Claim::Acquired`]; a record past its TTL, or an in-progress claim whose lease ran out,
 //!   is taken over with a strictly larger fencing token;
 //! - **complete** stores the response *and* the business records ([`RecordWrite`]) atomically, and
 //!   only while the token still holds the key; otherwise it writes nothing and fails with
@@ -40,7 +40,7 @@ pub use idemlog::{Fingerprint, StoredResponse, Takeover};
 
 /// Proof of an acquired claim, handed back to complete, release or extend it.
 #[derive(Clone)]
-pub struct ClaimToken {
+pub struct HeldClaim {
     /// The scope the claim was made in.
     pub scope: String,
     /// The idempotency key.
@@ -56,9 +56,9 @@ pub struct ClaimToken {
     pub handle: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-impl fmt::Debug for ClaimToken {
+impl fmt::Debug for HeldClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClaimToken")
+        f.debug_struct("HeldClaim")
             .field("scope", &self.scope)
             .field("key", &self.key)
             .field("fence", &self.fence)
@@ -70,9 +70,9 @@ impl fmt::Debug for ClaimToken {
 
 /// What a claim found.
 #[derive(Debug, Clone)]
-pub enum ClaimOutcome {
+pub enum Claim {
     /// The caller owns the key and must complete or release it (or let the lease run out).
-    Acquired(ClaimToken),
+    Acquired(HeldClaim),
     /// Another claim with the same fingerprint is running; its lease has `lease_left` to run.
     InProgress {
         /// Time left on the running claim's lease.
@@ -98,10 +98,10 @@ pub enum ClaimOutcome {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClaimExtras {
     /// Stored with the record (never in memory): the per-member digests of the request, returned
-    /// by a later [`ClaimOutcome::Mismatch`]. At most 8 KiB.
+    /// by a later [`Claim::Mismatch`]. At most 8 KiB.
     pub request_digest: Option<Bytes>,
     /// A claim of a *new* key (none, or only an expired one) is refused with
-    /// [`ClaimOutcome::QuotaExceeded`] while the scope holds this many live keys. Exact under
+    /// [`Claim::QuotaExceeded`] while the scope holds this many live keys. Exact under
     /// concurrency (across processes, for a shared backend); `None`: no limit.
     pub max_live_keys: Option<u64>,
 }
@@ -141,7 +141,7 @@ pub enum Expiry {
     /// For this long from the write, by the backend's clock.
     After(Duration),
     /// Until this instant (ms since the Unix epoch, backend clock): a record derived from a claim
-    /// lives exactly as long as the claim's key ([`ClaimToken::expires_at_ms`]).
+    /// lives exactly as long as the claim's key ([`HeldClaim::expires_at_ms`]).
     AtMs(u64),
 }
 
@@ -304,7 +304,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         fingerprint: &Fingerprint,
         ttl: Duration,
         extras: &ClaimExtras,
-    ) -> Result<ClaimOutcome, StoreError>;
+    ) -> Result<Claim, StoreError>;
 
     /// [`IdempotencyStore::claim_with`] without a digest or a quota.
     async fn claim(
@@ -313,7 +313,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         key: &str,
         fingerprint: &Fingerprint,
         ttl: Duration,
-    ) -> Result<ClaimOutcome, StoreError> {
+    ) -> Result<Claim, StoreError> {
         self.claim_with(scope, key, fingerprint, ttl, &ClaimExtras::default())
             .await
     }
@@ -321,16 +321,16 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Completes a held claim: stores `response` and writes `records` in one atomic step.
     async fn complete(
         &self,
-        token: &ClaimToken,
+        token: &HeldClaim,
         response: &StoredResponse,
         records: &[RecordWrite],
     ) -> Result<(), StoreError>;
 
     /// Gives the key up so a retry can run again.
-    async fn release(&self, token: &ClaimToken) -> Result<(), StoreError>;
+    async fn release(&self, token: &HeldClaim) -> Result<(), StoreError>;
 
     /// Renews the claim's lease; returns its new length.
-    async fn extend(&self, token: &ClaimToken) -> Result<Duration, StoreError>;
+    async fn extend(&self, token: &HeldClaim) -> Result<Duration, StoreError>;
 
     /// The live record of `(scope, key)`, if any.
     async fn get(&self, scope: &str, key: &str) -> Result<Option<KeyRecord>, StoreError>;
@@ -372,4 +372,4 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 }
 
 /// A shared store handle, as the layer, handlers and provider hold it.
-pub type SharedStore = Arc<dyn IdempotencyStore>;
+pub type StoreHandle = Arc<dyn IdempotencyStore>;

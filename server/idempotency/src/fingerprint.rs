@@ -23,14 +23,13 @@
 
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, Method};
-use clap::ValueEnum;
 use idemlog::Fingerprint;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// How a body enters the fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FingerprintMode {
     /// JSON bodies in canonical form; anything else as exact bytes.
     #[default]
@@ -42,7 +41,7 @@ pub enum FingerprintMode {
 const DOMAIN: &[u8] = b"idemlog-fingerprint-v2";
 
 /// A body that entered as JSON: parsed once, canonicalised once, and shared by the fingerprint and
-/// the request digest ([`crate::idempotency::digest`]).
+/// the request digest ([`crate::digest`]).
 pub struct JsonBody {
     /// The parsed document.
     pub value: Value,

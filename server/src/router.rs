@@ -1,6 +1,6 @@
 //! The router: routes, which of them are idempotent and authenticated, and the state they share.
 //!
-//! Everything is passed in explicitly ([`App`]); nothing is global, so tests build the same router
+//! Everything is passed in explicitly ([`Services`]); nothing is global, so tests build the same router
 //! on an in-memory store with a manual clock, or on PostgreSQL.
 //!
 //! | route | auth | idempotency layer |
@@ -12,7 +12,7 @@
 //!
 //! Every response carries `x-request-id` (the client's when sane, or a fresh UUID), every log line
 //! of a request names it, and every problem body has it as `request_id` ([`crate::request_id`]).
-//! Every route is listed in [`ROUTES`], which the OpenAPI document is checked against.
+//! Every route is listed in [`crate::routes::ROUTES`], which the OpenAPI document is checked against.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,45 +27,20 @@ use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::debug;
 
 use crate::auth::{ApiKeys, require_account};
-use crate::idempotency::status::{KeyStatusState, key_status};
-use crate::idempotency::{
-    FingerprintMode, Health, IdempotencyConfig, IdempotencyLayer, OutcomeCounts, SharedStore,
-    persist_side_records,
-};
 use crate::metrics::{HttpMetrics, MetricsState, metrics, record_http};
 use crate::payments::{Gateway, GatewayConfig, PaymentsState, create_payment, get_payment};
-use crate::problem::{Problem, ensure_problem_json};
-pub use crate::request_id::REQUEST_ID;
-use crate::request_id::{make_span, request_context};
+use crate::telemetry::make_span;
+use idemlog_idempotency::problem::{Problem, ensure_problem_json};
+use idemlog_idempotency::request_id::request_context;
+use idemlog_idempotency::status::{KeyStatusState, key_status};
+use idemlog_idempotency::{
+    FingerprintMode, Health, IdempotencyConfig, IdempotencyLayer, OutcomeCounts, StoreHandle,
+    persist_side_records,
+};
 
-/// One route of the router: its method and path template.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Route {
-    /// HTTP method.
-    pub method: &'static str,
-    /// Path template, as given to axum (`/payments/{id}`).
-    pub path: &'static str,
-}
-
-const fn route(method: &'static str, path: &'static str) -> Route {
-    Route { method, path }
-}
-
-/// Every route [`app`] serves. The OpenAPI document must describe exactly these; a test checks it, and that the router serves each of them. A request to a
-/// route missing here panics in debug builds ([`crate::metrics`] labels requests from this list).
-pub const ROUTES: &[Route] = &[
-    route("POST", "/payments"),
-    route("GET", "/payments/{id}"),
-    route("GET", "/idempotency-keys/{key}"),
-    route("GET", "/healthz"),
-    route("GET", "/readyz"),
-    route("GET", "/metrics"),
-    route("GET", "/openapi.json"),
-];
-
-/// Settings of the application (the binary fills them from its flags).
+/// Settings of the router (the binary fills them from its flags).
 #[derive(Clone)]
-pub struct AppConfig {
+pub struct RouterConfig {
     /// Idempotency key lifetime (and the provider's key lifetime).
     pub key_ttl: Duration,
     /// The store's lease (sets the layer's renewal period).
@@ -88,11 +63,11 @@ pub struct AppConfig {
     pub max_live_keys_per_account: u64,
 }
 
-/// Everything the router needs, built once.
+/// Everything the router needs, built once: the store and what is built on it.
 #[derive(Clone)]
-pub struct App {
+pub struct Services {
     /// The store (any backend).
-    pub store: SharedStore,
+    pub store: StoreHandle,
     /// The fake provider.
     pub gateway: Gateway,
     /// API keys.
@@ -105,9 +80,9 @@ pub struct App {
     pub retry_after: Duration,
 }
 
-impl App {
+impl Services {
     /// Builds the provider and the layer on an open store.
-    pub fn new(store: SharedStore, keys: ApiKeys, config: &AppConfig) -> Self {
+    pub fn new(store: StoreHandle, keys: ApiKeys, config: &RouterConfig) -> Self {
         let gateway = Gateway::new(
             Arc::clone(&store),
             GatewayConfig {
@@ -140,7 +115,7 @@ impl App {
 /// `GET /healthz` and `GET /readyz`: 200 while the store serves, 503 problem+json (with
 /// `Retry-After`) while it is poisoned, being reopened or unreachable. The reason goes to the log,
 /// never to the client.
-async fn health(State(store): State<SharedStore>) -> Response {
+async fn health(State(store): State<StoreHandle>) -> Response {
     match store.health() {
         Health::Ready => "ok".into_response(),
         Health::Unavailable(reason) => {
@@ -160,20 +135,20 @@ async fn health(State(store): State<SharedStore>) -> Response {
     }
 }
 
-/// The application router.
-pub fn app(app: &App) -> Router {
+/// The router of every route in [`crate::routes::ROUTES`].
+pub fn router(services: &Services) -> Router {
     let payments = PaymentsState {
-        store: Arc::clone(&app.store),
-        gateway: app.gateway.clone(),
+        store: Arc::clone(&services.store),
+        gateway: services.gateway.clone(),
     };
-    let create = match &app.idempotency {
+    let create = match &services.idempotency {
         Some(layer) => post(create_payment).route_layer(layer.clone()),
         None => post(create_payment).route_layer(middleware::from_fn_with_state(
-            Arc::clone(&app.store),
+            Arc::clone(&services.store),
             persist_side_records,
         )),
     };
-    let counts = app.idempotency.as_ref().map_or_else(
+    let counts = services.idempotency.as_ref().map_or_else(
         || Arc::new(OutcomeCounts::default()),
         IdempotencyLayer::counts,
     );
@@ -185,24 +160,30 @@ pub fn app(app: &App) -> Router {
         .route(
             "/idempotency-keys/{key}",
             get(key_status).with_state(KeyStatusState {
-                store: Arc::clone(&app.store),
-                retry_after: app.retry_after,
+                store: Arc::clone(&services.store),
+                retry_after: services.retry_after,
             }),
         )
         .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&app.keys),
+            Arc::clone(&services.keys),
             require_account,
         ))
-        .layer(DefaultBodyLimit::max(app.max_body_bytes));
+        .layer(DefaultBodyLimit::max(services.max_body_bytes));
     Router::new()
-        .route("/healthz", get(health).with_state(Arc::clone(&app.store)))
-        .route("/readyz", get(health).with_state(Arc::clone(&app.store)))
+        .route(
+            "/healthz",
+            get(health).with_state(Arc::clone(&services.store)),
+        )
+        .route(
+            "/readyz",
+            get(health).with_state(Arc::clone(&services.store)),
+        )
         .route(
             "/metrics",
             get(metrics).with_state(MetricsState {
                 counts,
-                gateway: app.gateway.clone(),
-                store: Arc::clone(&app.store),
+                gateway: services.gateway.clone(),
+                store: Arc::clone(&services.store),
                 http: http.clone(),
             }),
         )

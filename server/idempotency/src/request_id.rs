@@ -1,7 +1,7 @@
 //! Request ids: every response carries `X-Request-Id`, every log line of a request names it, and
 //! every problem+json body has it as the `request_id` member.
 //!
-//! The id is the client's `X-Request-Id` when it is sane (1 to [`MAX_LEN`] visible ASCII
+//! The id is the client's `X-Request-Id` when it is sane (1 to [`MAX_REQUEST_ID_LEN`] visible ASCII
 //! characters, 0x21–0x7E), and a fresh UUID otherwise. [`request_context`] (the outermost
 //! middleware) settles it, puts it in the request headers for everything inside, runs the rest of
 //! the request with it in a task-local ([`current`]) and sets it on the response.
@@ -12,7 +12,7 @@
 //! request that produced it, while its `X-Request-Id` header names the replaying request. Nothing
 //! rewrites a body on the way out.
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -22,8 +22,8 @@ use tracing::Span;
 /// The request-id header.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// Longest client-supplied id kept.
-pub const MAX_LEN: usize = 128;
+/// Longest client-supplied request id kept.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
 
 tokio::task_local! {
     static CURRENT: HeaderValue;
@@ -39,7 +39,7 @@ pub fn current() -> Option<String> {
 
 /// Wraps `f` so that it runs with the current request's id and span wherever it is polled: for
 /// the rest of a request that is spawned when its client goes away
-/// ([`crate::idempotency`]'s finish-on-drop), so that a 4xx it stores still names the request.
+/// ([`crate::layer`]'s finish-on-drop), so that a 4xx it stores still names the request.
 pub fn carry<F: Future>(f: F) -> impl Future<Output = F::Output> {
     let id = CURRENT.try_with(HeaderValue::clone).ok();
     let f = tracing::Instrument::instrument(f, Span::current());
@@ -51,10 +51,12 @@ pub fn carry<F: Future>(f: F) -> impl Future<Output = F::Output> {
     }
 }
 
-/// True if a client's id may be kept: 1 to [`MAX_LEN`] visible ASCII characters.
+/// True if a client's id may be kept: 1 to [`MAX_REQUEST_ID_LEN`] visible ASCII characters.
 pub fn is_sane(value: &HeaderValue) -> bool {
     let bytes = value.as_bytes();
-    !bytes.is_empty() && bytes.len() <= MAX_LEN && bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+    !bytes.is_empty()
+        && bytes.len() <= MAX_REQUEST_ID_LEN
+        && bytes.iter().all(|b| (0x21..=0x7e).contains(b))
 }
 
 /// Middleware (outermost): settles the request id, and runs the request with it (see the module
@@ -73,28 +75,6 @@ pub async fn request_context(mut request: Request, next: Next) -> Response {
     response
 }
 
-/// The span of one request (for tower-http's `TraceLayer`): request id, method and route template,
-/// so that every log line of the request names them. At ERROR level, so that it is enabled
-/// whatever the log filter lets through (a span filtered out would leave the request's warnings
-/// without their id).
-pub fn make_span(request: &Request) -> Span {
-    let id = request
-        .headers()
-        .get(&REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or(crate::metrics::UNMATCHED_ROUTE, MatchedPath::as_str);
-    tracing::error_span!(
-        "request",
-        request_id = %id,
-        method = %request.method(),
-        route = %route,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,10 +83,10 @@ mod tests {
     fn sane_ids_are_short_visible_ascii() {
         assert!(is_sane(&HeaderValue::from_static("abc-123_XYZ")));
         assert!(is_sane(
-            &HeaderValue::from_str(&"a".repeat(MAX_LEN)).unwrap()
+            &HeaderValue::from_str(&"a".repeat(MAX_REQUEST_ID_LEN)).unwrap()
         ));
         assert!(!is_sane(
-            &HeaderValue::from_str(&"a".repeat(MAX_LEN + 1)).unwrap()
+            &HeaderValue::from_str(&"a".repeat(MAX_REQUEST_ID_LEN + 1)).unwrap()
         ));
         assert!(!is_sane(&HeaderValue::from_static("")));
         assert!(!is_sane(&HeaderValue::from_static("has space")));

@@ -31,11 +31,13 @@ use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
 use tracing::{error, info, warn};
 
-use crate::idempotency::store::{
-    ClaimExtras, ClaimOutcome, ClaimToken, Expiry, Fingerprint, Gauge, Health, HistogramMetric,
+mod calls;
+
+use self::calls::StoreCalls;
+use crate::store::{
+    Claim, ClaimExtras, Expiry, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric,
     IdempotencyStore, InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
 };
-use crate::store_calls::StoreCalls;
 
 /// Namespace of counter records. The name predates the store interface (the provider's charge
 /// counter lived here first) and is kept so existing data directories keep their counts.
@@ -51,7 +53,7 @@ const HEAL_MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The embedded store. Cheap to clone.
 #[derive(Clone)]
-pub struct EmbeddedStore {
+pub struct EmbeddedBackend {
     shared: Arc<Shared>,
 }
 
@@ -148,7 +150,7 @@ fn stripe_of(namespace: &str, key: &str) -> usize {
     usize::from(digest[0]) % COUNTER_STRIPES
 }
 
-impl EmbeddedStore {
+impl EmbeddedBackend {
     /// Opens (creating if missing) the store in `dir`. Blocking: call it from a blocking context.
     pub fn open(dir: impl AsRef<Path>, options: Options) -> idemlog::Result<Self> {
         let dir = dir.as_ref().to_path_buf();
@@ -416,7 +418,7 @@ impl Opened {
 }
 
 /// The engine's token inside ours.
-fn engine_token(token: &ClaimToken) -> Result<&idemlog::ClaimToken, StoreError> {
+fn engine_token(token: &HeldClaim) -> Result<&idemlog::ClaimToken, StoreError> {
     token
         .handle
         .as_ref()
@@ -429,7 +431,7 @@ fn lossy(bytes: &[u8]) -> String {
 }
 
 #[async_trait]
-impl IdempotencyStore for EmbeddedStore {
+impl IdempotencyStore for EmbeddedBackend {
     async fn claim_with(
         &self,
         scope: &str,
@@ -437,7 +439,7 @@ impl IdempotencyStore for EmbeddedStore {
         fingerprint: &Fingerprint,
         ttl: Duration,
         extras: &ClaimExtras,
-    ) -> Result<ClaimOutcome, StoreError> {
+    ) -> Result<Claim, StoreError> {
         let options = idemlog::ClaimOptions {
             request_digest: extras.request_digest.as_deref().unwrap_or_default(),
             max_live_per_scope: extras.max_live_keys,
@@ -450,7 +452,7 @@ impl IdempotencyStore for EmbeddedStore {
             })
             .await?;
         Ok(match outcome {
-            idemlog::ClaimOutcome::Acquired(token) => ClaimOutcome::Acquired(ClaimToken {
+            idemlog::ClaimOutcome::Acquired(token) => Claim::Acquired(HeldClaim {
                 scope: lossy(token.scope()),
                 key: lossy(token.key()),
                 fence: token.fence(),
@@ -458,10 +460,10 @@ impl IdempotencyStore for EmbeddedStore {
                 expires_at_ms: token.expires_at_ms(),
                 handle: Some(Arc::new(token)),
             }),
-            idemlog::ClaimOutcome::InProgress { retry_after } => ClaimOutcome::InProgress {
+            idemlog::ClaimOutcome::InProgress { retry_after } => Claim::InProgress {
                 lease_left: retry_after,
             },
-            idemlog::ClaimOutcome::Completed(stored) => ClaimOutcome::Completed(stored),
+            idemlog::ClaimOutcome::Completed(stored) => Claim::Completed(stored),
             // The engine answers a mismatch from memory when it can; the digest is in the log,
             // read only for this (rare) answer. The record may have changed in between: the
             // digest is then that of the record there now, as good a comparison for the client.
@@ -471,17 +473,17 @@ impl IdempotencyStore for EmbeddedStore {
                     .call(move |o| o.store.get(scope.as_bytes(), key.as_bytes()))
                     .await?
                     .and_then(|record| record.request_digest);
-                ClaimOutcome::Mismatch { request_digest }
+                Claim::Mismatch { request_digest }
             }
             idemlog::ClaimOutcome::QuotaExceeded { retry_after } => {
-                ClaimOutcome::QuotaExceeded { retry_after }
+                Claim::QuotaExceeded { retry_after }
             }
         })
     }
 
     async fn complete(
         &self,
-        token: &ClaimToken,
+        token: &HeldClaim,
         response: &StoredResponse,
         records: &[RecordWrite],
     ) -> Result<(), StoreError> {
@@ -495,7 +497,7 @@ impl IdempotencyStore for EmbeddedStore {
         .await
     }
 
-    async fn release(&self, token: &ClaimToken) -> Result<(), StoreError> {
+    async fn release(&self, token: &HeldClaim) -> Result<(), StoreError> {
         let engine = engine_token(token)?;
         self.call_deferred(OwnWrite::Wait, |o| {
             Ok(Deferred::Ready((), o.store.release_deferred(engine)?))
@@ -503,7 +505,7 @@ impl IdempotencyStore for EmbeddedStore {
         .await
     }
 
-    async fn extend(&self, token: &ClaimToken) -> Result<Duration, StoreError> {
+    async fn extend(&self, token: &HeldClaim) -> Result<Duration, StoreError> {
         let engine = engine_token(token)?.clone();
         self.call(move |o| o.store.extend(&engine)).await
     }

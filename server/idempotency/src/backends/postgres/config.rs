@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Settings of [`super::PgStore::connect`]. Start from [`PgConfig::new`] and change what you need.
+/// Settings of [`super::PostgresBackend::connect`]. Start from [`PgConfig::new`] and change what you need.
 #[derive(Debug, Clone)]
 pub struct PgConfig {
     /// `postgres://user:password@host:port/database?...` or a key/value connection string. Logged
@@ -14,7 +14,7 @@ pub struct PgConfig {
     /// Most pooled connections. Default 16.
     pub pool_size: usize,
     /// How long a call waits for a free pooled connection before failing with
-    /// [`crate::idempotency::StoreError::Unavailable`] (503). Default 2 s.
+    /// [`crate::StoreError::Unavailable`] (503). Default 2 s.
     pub pool_wait_timeout: Duration,
     /// Bound on opening one connection (TCP connect and start-up). Default 5 s.
     pub connect_timeout: Duration,
@@ -24,11 +24,11 @@ pub struct PgConfig {
     /// Lease of an in-progress claim: after this long without `extend`, a retry with the same
     /// fingerprint may take the key over. Default 30 s (the embedded engine's default).
     pub lease: Duration,
-    /// Connection attempts at start-up before [`super::PgStore::connect`] gives up (one second
+    /// Connection attempts at start-up before [`super::PostgresBackend::connect`] gives up (one second
     /// apart). Default 3, so a dead database fails start-up within about 20 s.
     pub connect_attempts: u32,
     /// How often the background cleanup deletes expired rows; `None` runs none (call
-    /// [`super::PgStore::spawn_cleanup`] or [`super::PgStore::cleanup_once`] yourself). Default
+    /// [`super::PostgresBackend::spawn_cleanup`] or [`super::PostgresBackend::cleanup_once`] yourself). Default
     /// every 60 s.
     pub cleanup_interval: Option<Duration>,
     /// Rows deleted per cleanup statement. Default 500.
@@ -71,7 +71,7 @@ impl PgConfig {
     }
 }
 
-/// Why [`super::PgStore::connect`] failed. Messages name the database through
+/// Why [`super::PostgresBackend::connect`] failed. Messages name the database through
 /// [`super::redacted_url`]: never with its password.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {

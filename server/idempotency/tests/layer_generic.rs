@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemlog::storage::FaultyStorage;
 use idemlog::{Durability, ManualClock, Options};
-use idemlog_server::backends::embedded::EmbeddedStore;
-use idemlog_server::idempotency::{IdempotencyConfig, IdempotencyLayer, Outcome, Scope};
+use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_idempotency::{IdempotencyConfig, IdempotencyLayer, Outcome, Scope};
 use tower::ServiceExt;
 
 struct Fixture {
@@ -34,7 +34,7 @@ fn fixture() -> Fixture {
 
 /// `Durability::None` makes the layer call the store inline instead of on the blocking pool.
 fn fixture_with(durability: Durability) -> Fixture {
-    let store = EmbeddedStore::open(
+    let store = EmbeddedBackend::open(
         "/data",
         Options::default()
             .storage(Arc::new(FaultyStorage::new()))

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use idemlog_server::fuzzing;
+use idemlog_idempotency::fuzzing;
 
 fn replay(target: &str, run: fn(&[u8])) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

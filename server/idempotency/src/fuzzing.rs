@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use idemlog::Fingerprint;
 use serde_json::Value;
 
-use crate::idempotency::fingerprint::{FingerprintMode, canonical_json, fingerprint};
-use crate::idempotency::key::{self, HEADER, KeyError};
+use crate::fingerprint::{FingerprintMode, canonical_json, fingerprint};
+use crate::key::{self, HEADER, KeyError};
 
 /// Parses `bytes` as an `Idempotency-Key` header value.
 ///

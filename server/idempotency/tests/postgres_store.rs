@@ -1,4 +1,4 @@
-//! The PostgreSQL backend ([`PgStore`]) against a real server, through [`IdempotencyStore`].
+//! The PostgreSQL backend ([`PostgresBackend`]) against a real server, through [`IdempotencyStore`].
 //!
 //! The server comes from `DATABASE_URL` (start a throwaway one with `scripts/pg-test-cluster run --
 //! cargo test -p idemlog-server --test postgres_store`). Without it the tests print a skip line and
@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::database_url;
-use idemlog_server::backends::postgres::{PgConfig, PgStore, redacted_url};
-use idemlog_server::idempotency::store::{
-    ClaimOutcome, ClaimToken, Expiry, Fingerprint, Health, IdempotencyStore, InsertOnce, KeyState,
+use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacted_url};
+use idemlog_idempotency::store::{
+    Claim, Expiry, Fingerprint, Health, HeldClaim, IdempotencyStore, InsertOnce, KeyState,
     RecordWrite, StoreError, StoredResponse, Takeover,
 };
 use tokio::sync::Barrier;
@@ -62,8 +62,10 @@ impl Db {
         c
     }
 
-    async fn store(&self) -> PgStore {
-        PgStore::connect(self.config()).await.expect("connect")
+    async fn store(&self) -> PostgresBackend {
+        PostgresBackend::connect(self.config())
+            .await
+            .expect("connect")
     }
 
     async fn count(&self, table: &str) -> i64 {
@@ -88,9 +90,15 @@ impl Db {
     }
 }
 
-async fn acquire(store: &PgStore, scope: &str, key: &str, f: u8, ttl: Duration) -> ClaimToken {
+async fn acquire(
+    store: &PostgresBackend,
+    scope: &str,
+    key: &str,
+    f: u8,
+    ttl: Duration,
+) -> HeldClaim {
     match store.claim(scope, key, &fp(f), ttl).await.unwrap() {
-        ClaimOutcome::Acquired(t) => t,
+        Claim::Acquired(t) => t,
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
@@ -165,8 +173,8 @@ async fn concurrent_claims_of_one_key_acquire_exactly_once() {
     let mut in_progress = 0;
     for t in tasks {
         match t.await.unwrap() {
-            ClaimOutcome::Acquired(_) => acquired += 1,
-            ClaimOutcome::InProgress { .. } => in_progress += 1,
+            Claim::Acquired(_) => acquired += 1,
+            Claim::InProgress { .. } => in_progress += 1,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -185,13 +193,13 @@ async fn completed_key_replays_the_stored_response_byte_for_byte() {
     let t = acquire(&store, "acct", "pay", 3, TTL).await;
     store.complete(&t, &response(), &[]).await.unwrap();
     match store.claim("acct", "pay", &fp(3), TTL).await.unwrap() {
-        ClaimOutcome::Completed(r) => assert_eq!(r, response()),
+        Claim::Completed(r) => assert_eq!(r, response()),
         other => panic!("expected Completed, got {other:?}"),
     }
     // From another instance too.
     let other = db.store().await;
     match other.claim("acct", "pay", &fp(3), TTL).await.unwrap() {
-        ClaimOutcome::Completed(r) => assert_eq!(r, response()),
+        Claim::Completed(r) => assert_eq!(r, response()),
         other => panic!("expected Completed, got {other:?}"),
     }
     let rec = store.get("acct", "pay").await.unwrap().unwrap();
@@ -221,18 +229,18 @@ async fn different_fingerprint_is_a_mismatch_in_progress_and_completed() {
     let t = acquire(&store, "acct", "k", 1, TTL).await;
     assert!(matches!(
         store.claim("acct", "k", &fp(2), TTL).await.unwrap(),
-        ClaimOutcome::Mismatch { .. }
+        Claim::Mismatch { .. }
     ));
     // Even once the lease has run out: a lease takeover needs the same fingerprint.
     tokio::time::sleep(PAST_LEASE).await;
     assert!(matches!(
         store.claim("acct", "k", &fp(2), TTL).await.unwrap(),
-        ClaimOutcome::Mismatch { .. }
+        Claim::Mismatch { .. }
     ));
     store.complete(&t, &response(), &[]).await.unwrap();
     assert!(matches!(
         store.claim("acct", "k", &fp(2), TTL).await.unwrap(),
-        ClaimOutcome::Mismatch { .. }
+        Claim::Mismatch { .. }
     ));
     store.close().await.unwrap();
     db.drop_schema().await;
@@ -272,7 +280,7 @@ async fn lease_expired_claim_is_taken_over_and_the_zombie_writes_nothing() {
     let store = db.store().await;
     let zombie = acquire(&store, "acct", "k", 4, TTL).await;
     match store.claim("acct", "k", &fp(4), TTL).await.unwrap() {
-        ClaimOutcome::InProgress { lease_left } => {
+        Claim::InProgress { lease_left } => {
             assert!(lease_left > Duration::ZERO && lease_left <= LEASE)
         }
         other => panic!("expected InProgress, got {other:?}"),
@@ -335,7 +343,7 @@ async fn extend_renews_the_lease_and_is_refused_for_a_stale_token() {
     // 300 ms after the claim, more than one lease, yet still held.
     assert!(matches!(
         store.claim("acct", "long", &fp(1), TTL).await.unwrap(),
-        ClaimOutcome::InProgress { .. }
+        Claim::InProgress { .. }
     ));
     let stale = acquire(&store, "acct", "k", 1, TTL).await;
     tokio::time::sleep(PAST_LEASE).await;
@@ -599,7 +607,7 @@ async fn schema_migration_run_concurrently_by_four_connects_is_safe() {
     let connects: Vec<_> = (0..4)
         .map(|_| {
             let config = db.config();
-            tokio::spawn(async move { PgStore::connect(config).await })
+            tokio::spawn(async move { PostgresBackend::connect(config).await })
         })
         .collect();
     let mut stores = Vec::new();
@@ -608,7 +616,7 @@ async fn schema_migration_run_concurrently_by_four_connects_is_safe() {
     }
     assert_eq!(
         db.count("schema_migrations").await,
-        i64::from(idemlog_server::backends::postgres::SCHEMA_VERSION)
+        i64::from(idemlog_idempotency::backends::postgres::SCHEMA_VERSION)
     );
     let t = acquire(&stores[3], "acct", "k", 1, TTL).await;
     stores[0].complete(&t, &response(), &[]).await.unwrap();
@@ -616,7 +624,7 @@ async fn schema_migration_run_concurrently_by_four_connects_is_safe() {
     stores.push(db.store().await);
     assert_eq!(
         db.count("schema_migrations").await,
-        i64::from(idemlog_server::backends::postgres::SCHEMA_VERSION)
+        i64::from(idemlog_idempotency::backends::postgres::SCHEMA_VERSION)
     );
     for s in &stores {
         s.close().await.unwrap();
@@ -632,7 +640,7 @@ async fn pool_exhaustion_returns_unavailable_within_the_wait_timeout() {
     let mut config = db.config();
     config.pool_size = 1;
     config.pool_wait_timeout = Duration::from_millis(200);
-    let store = PgStore::connect(config).await.unwrap();
+    let store = PostgresBackend::connect(config).await.unwrap();
     // Block the pool's only connection behind a table lock held by another session.
     let tx = db.raw.transaction().await.unwrap();
     tx.batch_execute(&format!(
@@ -660,7 +668,7 @@ async fn pool_exhaustion_returns_unavailable_within_the_wait_timeout() {
     tx.rollback().await.unwrap();
     assert!(matches!(
         blocked.await.unwrap().unwrap(),
-        ClaimOutcome::Acquired(_)
+        Claim::Acquired(_)
     ));
     store.close().await.unwrap();
     db.drop_schema().await;
@@ -676,7 +684,7 @@ async fn connect_failure_names_the_database_without_the_password_and_is_bounded(
     // The wrong password: refused at once, not retried.
     let wrong = format!("postgres://{user}:Wrong-Secret-42@127.0.0.1:{port}/{dbname}");
     let started = Instant::now();
-    let err = PgStore::connect(PgConfig::new(wrong).schema(db.schema.clone()))
+    let err = PostgresBackend::connect(PgConfig::new(wrong).schema(db.schema.clone()))
         .await
         .err()
         .unwrap();
@@ -695,7 +703,11 @@ async fn connect_failure_names_the_database_without_the_password_and_is_bounded(
     config.connect_attempts = 2;
     config.connect_timeout = Duration::from_secs(1);
     let started = Instant::now();
-    let msg = PgStore::connect(config).await.err().unwrap().to_string();
+    let msg = PostgresBackend::connect(config)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "{:?}",
@@ -781,7 +793,7 @@ async fn database_outage_fails_fast_and_recovers_without_restart() {
     config.url = url;
     config.connect_timeout = Duration::from_secs(1);
     config.pool_wait_timeout = Duration::from_millis(500);
-    let store = PgStore::connect(config).await.unwrap();
+    let store = PostgresBackend::connect(config).await.unwrap();
     acquire(&store, "acct", "before", 1, TTL).await;
     assert_eq!(store.health(), Health::Ready);
 

@@ -1,7 +1,7 @@
 //! Background work: deleting expired rows, and probing the database while it is unreachable.
 //!
 //! Both tasks hold only a weak reference to the store, so they end when it is dropped, and are
-//! aborted by [`super::PgStore::close`]. Neither ever panics on a database error: it logs and tries
+//! aborted by [`super::PostgresBackend::close`]. Neither ever panics on a database error: it logs and tries
 //! again on its next tick.
 
 use std::sync::Weak;
@@ -81,7 +81,7 @@ impl Inner {
     pub(super) async fn cleanup_once(
         &self,
         batch: u32,
-    ) -> Result<CleanupReport, crate::idempotency::StoreError> {
+    ) -> Result<CleanupReport, crate::StoreError> {
         let mut report = CleanupReport::default();
         let limit = i64::from(batch.max(1));
         for (table, sql) in [

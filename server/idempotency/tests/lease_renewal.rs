@@ -17,8 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idemlog::storage::FaultyStorage;
 use idemlog::{ManualClock, Options, RecordState, Store};
-use idemlog_server::backends::embedded::EmbeddedStore;
-use idemlog_server::idempotency::{IdempotencyConfig, IdempotencyLayer, Scope};
+use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_idempotency::{IdempotencyConfig, IdempotencyLayer, Scope};
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
 
@@ -58,7 +58,7 @@ async fn with_scope(mut request: Request, next: Next) -> Response {
 
 fn fixture(heartbeat: Option<Duration>) -> Fixture {
     let clock = ManualClock::new(START_MS);
-    let embedded = EmbeddedStore::open(
+    let embedded = EmbeddedBackend::open(
         "/data",
         Options::default()
             .storage(Arc::new(FaultyStorage::new()))
