@@ -1,18 +1,17 @@
 //! The maintenance thread: sweeps expired records out of memory and compacts when the policy says so.
 //!
-//! It wakes every [`CompactionPolicy::interval`], sweeps, measures how much of the sealed segments is
-//! garbage, and compacts when both the ratio and the byte threshold are reached. A failed compaction is
-//! counted in the stats and retried at the next tick; compaction poisons the store itself when a
-//! failure leaves the disk state unknown.
+//! It wakes every [`CompactionPolicy::interval`] and runs one maintenance pass, which the store
+//! hands it as a closure (`Core::maintain`: sweep, measure how much of the sealed segments is garbage,
+//! compact when both the ratio and the byte threshold are reached). A failed compaction is counted in
+//! the stats and retried at the next tick; compaction poisons the store itself when a failure leaves
+//! the disk state unknown. The thread knows only the closure, so this module does not depend on
+//! the store's internals.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-
-use crate::options::CompactionPolicy;
-use crate::store::Core;
 
 /// Owns the thread; stopping it (or dropping this) joins it.
 pub(crate) struct Maintenance {
@@ -21,15 +20,17 @@ pub(crate) struct Maintenance {
 }
 
 impl Maintenance {
-    /// Starts the thread if the options ask for one.
-    pub(crate) fn start(core: &Arc<Core>) -> Option<Maintenance> {
-        let policy = core.options.compaction?;
+    /// Starts the thread: every `interval` it calls `pass`, and ends when `pass` returns false (the
+    /// store is closed or poisoned) or when stopped. `None` if the thread could not be spawned.
+    pub(crate) fn start(
+        interval: Duration,
+        pass: impl Fn() -> bool + Send + 'static,
+    ) -> Option<Maintenance> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let thread_stop = Arc::clone(&stop);
-        let core = Arc::clone(core);
         let handle = std::thread::Builder::new()
             .name("idemlog-maintenance".into())
-            .spawn(move || run(&core, &thread_stop, policy))
+            .spawn(move || run(&thread_stop, interval, pass))
             .ok()?;
         Some(Maintenance {
             stop,
@@ -53,23 +54,19 @@ impl Drop for Maintenance {
     }
 }
 
-fn run(core: &Core, stop: &(Mutex<bool>, Condvar), policy: CompactionPolicy) {
+fn run(stop: &(Mutex<bool>, Condvar), interval: Duration, pass: impl Fn() -> bool) {
     loop {
         {
             let mut stopped = stop.0.lock();
             if !*stopped {
-                stop.1.wait_for(&mut stopped, policy.interval);
+                stop.1.wait_for(&mut stopped, interval);
             }
             if *stopped {
                 return;
             }
         }
-        if core.writer.check_poisoned().is_err() || core.closed.load(Ordering::Acquire) {
+        if !pass() {
             return;
-        }
-        core.sweep();
-        if core.space().wants_compaction(&policy) && core.compact().is_err() {
-            core.compaction_failures.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::LogWriter;
 use crate::maintenance::Maintenance;
 use crate::metrics::HistogramSnapshot;
-use crate::options::{Durability, Options};
+use crate::options::{CompactionPolicy, Durability, Options};
 use crate::pending::{Deferred, Durable, Pending};
 use crate::quota::{Admit, ScopeCounts};
 use crate::record::{Record, RecordState};
@@ -226,7 +226,10 @@ impl Store {
             lock: Mutex::new(Some(lock)),
         });
         core.sweep();
-        let maintenance = Maintenance::start(&core);
+        let maintenance = core.options.compaction.and_then(|policy| {
+            let core = Arc::clone(&core);
+            Maintenance::start(policy.interval, move || core.maintain(&policy))
+        });
         let threads = Arc::new(Threads {
             core: Arc::clone(&core),
             flusher: Mutex::new(flusher),
@@ -983,6 +986,19 @@ impl Core {
     }
 
     /// Removes records and side records whose TTL has passed from memory; returns how many.
+    /// One pass of the maintenance thread: sweep, then compact if `policy` says so. False once
+    /// the store is closed or poisoned (the thread then ends).
+    pub(crate) fn maintain(&self, policy: &CompactionPolicy) -> bool {
+        if self.writer.check_poisoned().is_err() || self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        self.sweep();
+        if self.space().wants_compaction(policy) && self.compact().is_err() {
+            self.compaction_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
     pub(crate) fn sweep(&self) -> usize {
         let now = self.options.clock.now_ms();
         self.scopes.prune_all(now);

@@ -14,8 +14,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-
+use super::wakeup::Wakeup;
 use super::writer::LogWriter;
 use crate::options::Durability;
 
@@ -24,42 +23,6 @@ const NONE_INTERVAL: Duration = Duration::from_millis(50);
 /// Under `Sync`, how often the committer looks for waiters without being kicked: a safety net only,
 /// every registration kicks it.
 const COMMITTER_INTERVAL: Duration = Duration::from_millis(100);
-
-/// How the writer (and [`Flusher::stop`]) wake the flusher thread before its interval is up.
-#[derive(Default)]
-pub(crate) struct Wakeup {
-    state: Mutex<WakeState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct WakeState {
-    stopped: bool,
-    kicked: bool,
-}
-
-impl Wakeup {
-    /// Asks for a round now. A kick that arrives during a round makes the next one start at once.
-    pub(crate) fn kick(&self) {
-        self.state.lock().kicked = true;
-        self.changed.notify_one();
-    }
-
-    pub(crate) fn stop(&self) {
-        self.state.lock().stopped = true;
-        self.changed.notify_all();
-    }
-
-    /// Waits until kicked, stopped or `interval` is up; false once stopped.
-    fn wait(&self, interval: Duration) -> bool {
-        let mut st = self.state.lock();
-        if !st.kicked && !st.stopped {
-            self.changed.wait_for(&mut st, interval);
-        }
-        st.kicked = false;
-        !st.stopped
-    }
-}
 
 /// Owns the thread; stopping it (or dropping this) joins it.
 pub(crate) struct Flusher {

@@ -7,4 +7,5 @@ pub(crate) mod frame;
 pub(crate) mod op;
 pub(crate) mod segment;
 pub(crate) mod segments;
+pub(crate) mod wakeup;
 pub(crate) mod writer;

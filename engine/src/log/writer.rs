@@ -32,11 +32,11 @@ use std::task::{Poll, Waker};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-use super::flusher::Wakeup;
 use super::frame::{self, MAX_PAYLOAD, TAG_OPS};
 use super::op::Op;
 use super::segment::{self, Kind, Loc, Pos};
 use super::segments::{SegmentFile, Segments};
+use super::wakeup::Wakeup;
 use crate::error::{Error, Result};
 use crate::metrics::EngineHistograms;
 use crate::options::Durability;
