@@ -18,6 +18,12 @@
 //! Invariant: at most one engine [`Store`] of the directory is open at a time (the engine's
 //! directory lock enforces it); the healer closes the old one before it opens the new one, and
 //! retries while straggling handles of the old one still hold the lock.
+//!
+//! Where each part lives: `calls` (where engine calls run), `counters` (persisted counters and the
+//! locks of `insert_once`), `heal` (the reopen loop and its probe write), `convert` (the engine's
+//! types to the store interface's), `metrics` (the engine's numbers as gauges and histograms). This
+//! file holds the backend's state, the dispatch of engine calls with its error mapping, and the
+//! [`IdempotencyStore`] implementation.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,28 +34,21 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idemlog::{Deferred, Durability, Options, Pending, SideWrite, Store};
 use parking_lot::{Mutex, RwLock};
-use sha2::{Digest, Sha256};
-use tracing::{error, info, warn};
 
 mod calls;
+mod convert;
+mod counters;
+mod heal;
+mod metrics;
 
-use self::calls::StoreCalls;
+pub use self::counters::{COUNTER_STRIPES, COUNTERS_NAMESPACE};
+use crate::backends::embedded::calls::StoreCalls;
+use crate::backends::embedded::convert::{engine_token, held_claim, side_write, side_writes};
+use crate::backends::embedded::counters::{Counters, counter_key, read_stripe, stripe_of};
 use crate::store::{
-    Claim, ClaimExtras, Expiry, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric,
-    IdempotencyStore, InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
+    Claim, ClaimExtras, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
+    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
 };
-
-/// Namespace of counter records. The name predates the store interface (the provider's charge
-/// counter lived here first) and is kept so existing data directories keep their counts.
-pub const COUNTERS_NAMESPACE: &str = "gateway.counters";
-/// Records per counter, and lock stripes of `insert_once`: inserts of keys in different stripes
-/// do not queue behind one lock or one counter record.
-pub const COUNTER_STRIPES: usize = 16;
-
-/// First wait before a reopen attempt after the store failed.
-const HEAL_FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// Longest wait between reopen attempts.
-const HEAL_MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// The embedded store. Cheap to clone.
 #[derive(Clone)]
@@ -91,63 +90,6 @@ enum OwnWrite {
     Wait,
     /// Return once it is applied; a later wait of the same request covers it.
     Covered,
-}
-
-/// In-memory copies of the persisted counters, loaded on first use from the store they belong to.
-#[derive(Default)]
-struct Counters {
-    by_name: Mutex<Vec<(&'static str, Stripes)>>,
-}
-
-/// One counter's persisted stripes; each lock also serialises `insert_once` for its keys.
-type Stripes = Arc<[Mutex<u64>]>;
-
-impl Counters {
-    fn stripes(&self, store: &Store, name: &'static str) -> idemlog::Result<Stripes> {
-        let mut by_name = self.by_name.lock();
-        if let Some((_, stripes)) = by_name.iter().find(|(n, _)| *n == name) {
-            return Ok(Arc::clone(stripes));
-        }
-        let mut loaded = Vec::with_capacity(COUNTER_STRIPES);
-        for stripe in 0..COUNTER_STRIPES {
-            loaded.push(Mutex::new(read_stripe(store, name, stripe)?));
-        }
-        let stripes: Stripes = loaded.into();
-        by_name.push((name, Arc::clone(&stripes)));
-        Ok(stripes)
-    }
-}
-
-/// One stripe of a persisted counter as the log holds it. Blocking: a stripe whose latest record is
-/// not durable yet is waited for, so a value read here survives a crash.
-fn read_stripe(store: &Store, name: &str, stripe: usize) -> idemlog::Result<u64> {
-    let key = counter_key(name, stripe);
-    match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
-        None => Ok(0),
-        // A counter record that does not parse is corrupt data; counting from zero would make the
-        // counter go down, so refuse.
-        Some(bytes) => std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or(idemlog::Error::InvalidArgument(
-                "a counter record does not hold a number",
-            )),
-    }
-}
-
-fn counter_key(name: &str, stripe: usize) -> String {
-    format!("{name}/{stripe:02}")
-}
-
-/// The stripe of a record key: namespace and key are length-prefixed so that no two different pairs
-/// hash the same input.
-fn stripe_of(namespace: &str, key: &str) -> usize {
-    let digest = Sha256::new()
-        .chain_update((namespace.len() as u64).to_le_bytes())
-        .chain_update(namespace.as_bytes())
-        .chain_update(key.as_bytes())
-        .finalize();
-    usize::from(digest[0]) % COUNTER_STRIPES
 }
 
 impl EmbeddedBackend {
@@ -276,110 +218,6 @@ impl EmbeddedBackend {
             e => StoreError::Internal(e.to_string()),
         }
     }
-
-    /// Takes the store out of service and starts the healer, unless one runs already.
-    fn start_healing(&self, cause: &dyn std::fmt::Display) {
-        if self.shared.closed.load(Ordering::Acquire)
-            || self.shared.healing.swap(true, Ordering::AcqRel)
-        {
-            return;
-        }
-        let reason = format!("the store failed and is being reopened: {cause}");
-        error!(error = %cause, dir = %self.shared.dir.display(), "store failed: out of service until it is reopened");
-        *self.shared.reason.lock() = Some(reason);
-        let old = self.shared.current.write().take();
-        let this = self.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move { this.heal(old).await });
-            }
-            Err(_) => {
-                // No runtime (a blocking caller outside tokio): heal on a thread of our own.
-                std::thread::spawn(move || {
-                    if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                        .enable_time()
-                        .build()
-                    {
-                        rt.block_on(this.heal(old));
-                    }
-                });
-            }
-        }
-    }
-
-    /// Starts healing a store found poisoned without a failing call to name the cause.
-    fn start_healing_poisoned(&self) {
-        self.start_healing(&"the store was poisoned by a background write (flusher or compaction)");
-    }
-
-    /// Closes the failed store and reopens the directory until that works.
-    async fn heal(self, old: Option<Opened>) {
-        if let Some(old) = old {
-            let store = old.store;
-            // A poisoned store refuses to sync; closing still stops its threads. The directory lock
-            // goes when the last handle (some may still be in callers' hands) drops.
-            let closed = tokio::task::spawn_blocking(move || store.close()).await;
-            if let Ok(Err(e)) = closed {
-                info!(error = %e, "closed the failed store (its unsynced writes were never acknowledged)");
-            }
-        }
-        let mut backoff = HEAL_FIRST_BACKOFF;
-        let mut attempt = 1u32;
-        loop {
-            tokio::time::sleep(backoff).await;
-            if self.shared.closed.load(Ordering::Acquire) {
-                return;
-            }
-            let (dir, options) = (self.shared.dir.clone(), self.shared.options.clone());
-            let opened = tokio::task::spawn_blocking(move || open_and_probe(&dir, options)).await;
-            match opened {
-                Ok(Ok(store)) => {
-                    let report = store.recovery_report();
-                    info!(
-                        attempt,
-                        operations = report.operations,
-                        segments = report.segments,
-                        "store reopened after a failure: back in service"
-                    );
-                    *self.shared.current.write() = Some(Opened::new(store));
-                    *self.shared.reason.lock() = None;
-                    self.shared.healing.store(false, Ordering::Release);
-                    return;
-                }
-                Ok(Err(e)) => {
-                    let next = (backoff * 2).min(HEAL_MAX_BACKOFF);
-                    warn!(attempt, error = %e, next_attempt_in_ms = next.as_millis() as u64, "reopening the store failed");
-                    *self.shared.reason.lock() = Some(format!("reopening the store failed: {e}"));
-                    backoff = next;
-                }
-                Err(join) => {
-                    error!(error = %join, "store reopen task failed");
-                    backoff = (backoff * 2).min(HEAL_MAX_BACKOFF);
-                }
-            }
-            attempt = attempt.saturating_add(1);
-        }
-    }
-}
-
-/// Namespace of the record the healer writes to prove the store can write again.
-const PROBE_NAMESPACE: &str = "idemlog.health";
-
-/// Opens the directory and proves it can take a durable write: opening alone needs no free space,
-/// so a store reopened onto a disk that is still full would be declared healthy and fail again at
-/// the next request. The probe overwrites one small record, so it leaves no growing garbage.
-fn open_and_probe(dir: &Path, options: Options) -> idemlog::Result<Store> {
-    let now_ms = options.clock.now_ms();
-    let store = Store::open(dir, options)?;
-    let probe = SideWrite::put(PROBE_NAMESPACE, "write-probe", now_ms.to_string());
-    match store.side_write(&[probe]).and_then(|()| store.sync()) {
-        Ok(()) => Ok(store),
-        Err(e) => {
-            // The probe's failure is the news; closing a store that just failed can only fail too.
-            let _ = store.close();
-            Err(e)
-        }
-    }
 }
 
 impl Opened {
@@ -390,44 +228,6 @@ impl Opened {
             counters: Arc::default(),
         }
     }
-
-    /// A record write as the engine takes it; an absolute expiry becomes a TTL on the engine's clock.
-    fn side_write(&self, write: &RecordWrite, now_ms: u64) -> SideWrite {
-        let (ns, key) = (
-            write.namespace,
-            Bytes::copy_from_slice(write.key.as_bytes()),
-        );
-        match (&write.value, write.expiry) {
-            (None, _) => SideWrite::remove(ns, key),
-            (Some(value), Expiry::Never) => SideWrite::put(ns, key, value.clone()),
-            (Some(value), Expiry::After(ttl)) => {
-                SideWrite::put_with_ttl(ns, key, value.clone(), ttl.max(Duration::from_millis(1)))
-            }
-            (Some(value), Expiry::AtMs(at)) => SideWrite::put_with_ttl(
-                ns,
-                key,
-                value.clone(),
-                Duration::from_millis(at.saturating_sub(now_ms).max(1)),
-            ),
-        }
-    }
-
-    fn side_writes(&self, writes: &[RecordWrite], now_ms: u64) -> Vec<SideWrite> {
-        writes.iter().map(|w| self.side_write(w, now_ms)).collect()
-    }
-}
-
-/// The engine's token inside ours.
-fn engine_token(token: &HeldClaim) -> Result<&idemlog::ClaimToken, StoreError> {
-    token
-        .handle
-        .as_ref()
-        .and_then(|h| h.downcast_ref::<idemlog::ClaimToken>())
-        .ok_or_else(|| StoreError::Internal("a claim token from another backend".to_owned()))
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[async_trait]
@@ -452,14 +252,7 @@ impl IdempotencyStore for EmbeddedBackend {
             })
             .await?;
         Ok(match outcome {
-            idemlog::ClaimOutcome::Acquired(token) => Claim::Acquired(HeldClaim {
-                scope: lossy(token.scope()),
-                key: lossy(token.key()),
-                fence: token.fence(),
-                takeover: token.takeover(),
-                expires_at_ms: token.expires_at_ms(),
-                handle: Some(Arc::new(token)),
-            }),
+            idemlog::ClaimOutcome::Acquired(token) => Claim::Acquired(held_claim(token)),
             idemlog::ClaimOutcome::InProgress { retry_after } => Claim::InProgress {
                 lease_left: retry_after,
             },
@@ -490,7 +283,7 @@ impl IdempotencyStore for EmbeddedBackend {
         let engine = engine_token(token)?;
         let now = self.shared.options.clock.now_ms();
         self.call_deferred(OwnWrite::Wait, |o| {
-            let side = o.side_writes(records, now);
+            let side = side_writes(records, now);
             let pending = o.store.complete_deferred(engine, response, &side)?;
             Ok(Deferred::Ready((), pending))
         })
@@ -545,7 +338,7 @@ impl IdempotencyStore for EmbeddedBackend {
     async fn write_records(&self, writes: &[RecordWrite]) -> Result<(), StoreError> {
         let now = self.shared.options.clock.now_ms();
         self.call_deferred(OwnWrite::Wait, |o| {
-            let pending = o.store.side_write_deferred(&o.side_writes(writes, now))?;
+            let pending = o.store.side_write_deferred(&side_writes(writes, now))?;
             Ok(Deferred::Ready((), pending))
         })
         .await
@@ -573,7 +366,7 @@ impl IdempotencyStore for EmbeddedBackend {
             }
             let next = *count + 1;
             let pending = o.store.side_write_deferred(&[
-                o.side_write(write, now),
+                side_write(write, now),
                 SideWrite::put(
                     COUNTERS_NAMESPACE,
                     counter_key(counter, stripe),
@@ -625,89 +418,14 @@ impl IdempotencyStore for EmbeddedBackend {
         let Some(store) = self.engine() else {
             return Vec::new();
         };
-        let m = store.metrics();
-        let g = |name, help, value: u64| Gauge {
-            name,
-            help,
-            value: value as f64,
-        };
-        vec![
-            g(
-                "idemlog_records",
-                "Idempotency records held (expired ones count until the next sweep).",
-                m.records,
-            ),
-            g(
-                "idemlog_records_in_progress",
-                "Claims still in progress.",
-                m.in_progress,
-            ),
-            g(
-                "idemlog_side_records",
-                "Side records held (expired ones count until the next sweep).",
-                m.side_records,
-            ),
-            g(
-                "idemlog_disk_bytes",
-                "Bytes of all log segments.",
-                m.disk_bytes,
-            ),
-            g(
-                "idemlog_live_bytes",
-                "Bytes of the log operations the held records point at.",
-                m.live_bytes,
-            ),
-            g("idemlog_segments", "Log segment files.", m.segments),
-            g(
-                "idemlog_frames_appended_total",
-                "Frames appended since open.",
-                m.frames_appended,
-            ),
-            g(
-                "idemlog_bytes_appended_total",
-                "Bytes appended to the log since open.",
-                m.bytes_appended,
-            ),
-            g(
-                "idemlog_syncs_total",
-                "fdatasync calls since open.",
-                m.syncs,
-            ),
-            g(
-                "idemlog_compactions_total",
-                "Compactions since open.",
-                m.compactions,
-            ),
-            g(
-                "idemlog_compaction_failures_total",
-                "Compactions that failed since open.",
-                m.compaction_failures,
-            ),
-            g(
-                "idemlog_compaction_reclaimed_bytes_total",
-                "Segment bytes compactions deleted, less the bytes they wrote, since open.",
-                m.compaction_reclaimed_bytes,
-            ),
-        ]
+        metrics::gauges(&store.metrics())
     }
 
     fn histograms(&self) -> Vec<HistogramMetric> {
         let Some(store) = self.engine() else {
             return Vec::new();
         };
-        let m = store.metrics();
-        vec![
-            HistogramMetric::from_engine(
-                "idemlog_fdatasync_duration_seconds",
-                "Duration of each fdatasync of the log, since open.",
-                m.fdatasync_seconds,
-            ),
-            HistogramMetric::from_engine(
-                "idemlog_commit_batch_operations",
-                "Operations made durable by one fdatasync (the group-commit batch), since open.",
-                m.commit_batch_operations,
-            ),
-        ]
+        metrics::histograms(store.metrics())
     }
 
     fn kind(&self) -> &'static str {

@@ -1,0 +1,47 @@
+//! The layer's settings.
+//!
+//! Plain data, read by every request; nothing here changes after the layer is built. The defaults
+//! of [`IdempotencyConfig::new`] derive the renewal period from the store's lease, so a running
+//! handler's lease is renewed well before it runs out.
+
+use std::time::Duration;
+
+use crate::fingerprint::FingerprintMode;
+
+/// Settings of an [`IdempotencyLayer`].
+#[derive(Debug, Clone)]
+pub struct IdempotencyConfig {
+    /// How long a key (claimed or completed) is remembered.
+    pub key_ttl: Duration,
+    /// Largest request body read; larger → 413.
+    pub max_body_bytes: usize,
+    /// Largest response body stored; a larger one is not stored (the key is released and the
+    /// client gets a 500) rather than truncated. Keep it at most the store's `max_value_bytes`.
+    pub max_response_bytes: usize,
+    /// How bodies enter the fingerprint.
+    pub fingerprint: FingerprintMode,
+    /// How often a running handler's lease is renewed; `None` never renews it.
+    pub heartbeat: Option<Duration>,
+    /// The `Retry-After` hint of a 409: a short wait, never more than the lease has left. Handlers
+    /// take milliseconds; telling a client to wait out a 30 s lease would be needlessly slow.
+    pub retry_after: Duration,
+    /// Most live keys per scope (account): a request with a new key beyond it is a 429. `None`: no
+    /// limit.
+    pub max_live_keys: Option<u64>,
+}
+
+impl IdempotencyConfig {
+    /// Defaults for a store with this lease: 64 KiB bodies, 4 MiB responses, canonical JSON
+    /// fingerprints, the lease renewed every third of its length.
+    pub fn new(key_ttl: Duration, lease: Duration) -> Self {
+        Self {
+            key_ttl,
+            max_body_bytes: 64 * 1024,
+            max_response_bytes: 4 << 20,
+            fingerprint: FingerprintMode::CanonicalJson,
+            heartbeat: Some((lease / 3).max(Duration::from_millis(1))),
+            retry_after: Duration::from_secs(1),
+            max_live_keys: None,
+        }
+    }
+}

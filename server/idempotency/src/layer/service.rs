@@ -1,0 +1,441 @@
+//! The layer, the service it wraps around a route, and the request flow through it.
+//!
+//! [`handle`] does the checks that need no claim (scope, key, body, repeated JSON members) and the
+//! fingerprint, then runs [`run`] inside [`FinishOnDrop`], so a client that disconnects cannot stop
+//! a claim, a handler or a completion halfway; [`run`] claims and answers every claim outcome;
+//! [`execute`] runs the handler under an acquired claim and completes or releases it. A request
+//! counts as in flight from before the claim until its outcome is recorded.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{OriginalUri, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use tower::{Layer, Service, ServiceExt};
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::digest;
+use crate::fingerprint;
+use crate::key::{self, IdempotencyKey};
+use crate::layer::body::{BodyError, read_body};
+use crate::layer::catch_panic::{self as panics, CatchPanic};
+use crate::layer::config::IdempotencyConfig;
+use crate::layer::fenced::{fenced, release};
+use crate::layer::finish_on_drop::FinishOnDrop;
+use crate::layer::in_flight::InFlight;
+use crate::layer::renewal::with_renewal;
+use crate::layer::responses::{in_progress, retry_after_hint, store_failure, with_member};
+use crate::outcome::{Outcome, OutcomeCounts};
+use crate::problem::Problem;
+use crate::replay;
+use crate::side_records::SideRecords;
+use crate::store::{Claim, ClaimExtras, Fingerprint, HeldClaim, StoreError, StoreHandle, Takeover};
+use crate::{ClaimInfo, Scope};
+
+/// The idempotency layer. Cheap to clone; clones share the store, counters and in-flight count.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: StoreHandle,
+    config: IdempotencyConfig,
+    counts: Arc<OutcomeCounts>,
+    in_flight: InFlight,
+}
+
+impl IdempotencyLayer {
+    /// A layer keeping its records in `store`.
+    pub fn new(store: StoreHandle, config: IdempotencyConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                config,
+                counts: Arc::default(),
+                in_flight: InFlight::default(),
+            }),
+        }
+    }
+
+    /// Requests per outcome.
+    pub fn counts(&self) -> Arc<OutcomeCounts> {
+        Arc::clone(&self.shared.counts)
+    }
+
+    /// The requests still running, including those whose client left (shutdown waits for them).
+    pub fn in_flight(&self) -> InFlight {
+        self.shared.in_flight.clone()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotent<S>;
+
+    fn layer(&self, inner: S) -> Idempotent<S> {
+        Idempotent {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service an [`IdempotencyLayer`] wraps around a route.
+#[derive(Clone)]
+pub struct Idempotent<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Service<Request> for Idempotent<S>
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The inner service is cloned per request and driven to readiness by `oneshot`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let inner = self.inner.clone();
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move { Ok(handle(shared, inner, request).await) })
+    }
+}
+
+/// Everything before the claim: checks that need none.
+async fn handle<S>(shared: Arc<Shared>, inner: S, request: Request) -> Response
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let counts = &shared.counts;
+    let Some(scope) = request.extensions().get::<Scope>().cloned() else {
+        counts.record(Outcome::Unauthenticated);
+        warn!("request reached the idempotency layer without an authenticated scope");
+        return Problem::unauthorized("this route needs an authenticated account").into_response();
+    };
+    let key = match key::from_headers(request.headers()) {
+        Ok(key) => key,
+        Err(e) => {
+            counts.record(Outcome::RejectedKey);
+            info!(scope = scope.as_str(), error = %e, "rejected request: bad Idempotency-Key");
+            return e.to_problem().into_response();
+        }
+    };
+    let (mut parts, body) = request.into_parts();
+    let limit = shared.config.max_body_bytes;
+    let bytes = match read_body(&parts.headers, body, limit).await {
+        Ok(bytes) => bytes,
+        Err(BodyError::TooLarge) => {
+            counts.record(Outcome::BodyTooLarge);
+            info!(
+                scope = scope.as_str(),
+                key = key.as_str(),
+                limit,
+                "rejected request: body too large"
+            );
+            return Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!("the request body exceeds {limit} bytes"),
+            )
+            .into_response();
+        }
+        Err(BodyError::TimedOut) => {
+            counts.record(Outcome::BodyUnreadable);
+            info!(
+                scope = scope.as_str(),
+                key = key.as_str(),
+                "request body stalled past the body-read timeout: 408, nothing claimed"
+            );
+            return Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body not received in time",
+                "the request body stopped arriving; nothing was claimed or charged, so the request \
+                 may be retried with the same Idempotency-Key",
+            )
+            .into_response();
+        }
+        Err(BodyError::Unreadable(e)) => {
+            counts.record(Outcome::BodyUnreadable);
+            info!(scope = scope.as_str(), key = key.as_str(), error = %e, "request body could not be read");
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "body-unreadable",
+                "Request body could not be read",
+                "the request body could not be read; nothing was claimed or charged",
+            )
+            .into_response();
+        }
+    };
+    if let Some(name) = fingerprint::duplicate_member(&parts.headers, &bytes) {
+        counts.record(Outcome::RejectedBody);
+        info!(
+            scope = scope.as_str(),
+            key = key.as_str(),
+            member = %name,
+            "rejected request: JSON body repeats a member name"
+        );
+        return Problem::new(
+            StatusCode::BAD_REQUEST,
+            "duplicate-json-member",
+            "JSON body repeats a member name",
+            format!(
+                "the member {name:?} appears more than once in one object; send each member once \
+                 (nothing was claimed: a corrected request may reuse this Idempotency-Key)"
+            ),
+        )
+        .into_response();
+    }
+    // The full path even when this layer sits inside a `nest`ed router, which strips its prefix.
+    let uri = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map_or_else(|| parts.uri.clone(), |original| original.0.clone());
+    // The body is parsed and canonicalised once, for both the fingerprint and the digest.
+    let json = fingerprint::parse_body(shared.config.fingerprint, &parts.headers, &bytes);
+    let (method, path, query) = (&parts.method, uri.path(), uri.query());
+    let fp =
+        fingerprint::fingerprint_of(method, path, query, &parts.headers, &bytes, json.as_ref());
+    let request_digest =
+        digest::request_digest_of(method, path, query, &parts.headers, &bytes, json.as_ref());
+    parts.extensions.insert(key.clone());
+    let request = Request::from_parts(parts, Body::from(bytes));
+
+    let span = info_span!("idempotency", scope = scope.as_str(), key = key.as_str());
+    let guard = shared.in_flight.enter();
+    let work = FinishOnDrop::new(
+        async move {
+            let _guard = guard;
+            run(shared, inner, scope, key, fp, request_digest, request).await
+        }
+        .instrument(span),
+    );
+    match work.await {
+        Ok(response) => response,
+        Err(panic) => {
+            error!(
+                panic = panics::message(&panic),
+                "idempotency layer panicked"
+            );
+            Problem::internal("the request could not be processed").into_response()
+        }
+    }
+}
+
+/// Claim and act on the outcome. Runs inside [`FinishOnDrop`].
+async fn run<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    scope: Scope,
+    key: IdempotencyKey,
+    fp: Fingerprint,
+    request_digest: Bytes,
+    request: Request,
+) -> Response
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let counts = &shared.counts;
+    let ttl = shared.config.key_ttl;
+    let extras = ClaimExtras {
+        request_digest: Some(request_digest.clone()),
+        max_live_keys: shared.config.max_live_keys,
+    };
+    let claimed = shared
+        .store
+        .claim_with(scope.as_str(), key.as_str(), &fp, ttl, &extras)
+        .await;
+    match claimed {
+        Err(e) => store_failure(counts, "claim", &e),
+        Ok(Claim::Completed(stored)) => {
+            counts.record(Outcome::Replayed);
+            info!(
+                status = stored.status,
+                "key already completed: replaying the stored response"
+            );
+            replay::replay(stored)
+        }
+        Ok(Claim::InProgress { lease_left }) => {
+            counts.record(Outcome::Conflict);
+            let hint = retry_after_hint(shared.config.retry_after, lease_left);
+            info!(
+                lease_left_ms = lease_left.as_millis() as u64,
+                retry_after_s = hint,
+                "key held by a request still running: 409"
+            );
+            in_progress(hint)
+        }
+        Ok(Claim::Mismatch {
+            request_digest: stored,
+        }) => {
+            counts.record(Outcome::Mismatch);
+            let fields = stored.and_then(|s| digest::differing_fields(&s, &request_digest));
+            info!(differing_fields = ?fields, "key reused for a different request: 422");
+            let problem = Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency-key-reused",
+                "Idempotency-Key reused for a different request",
+                "this Idempotency-Key was already used with another method, path, query, \
+                 content type or body; use a new key for a new request",
+            );
+            match fields {
+                Some(fields) => with_member(&problem, "differing_fields", fields.into()),
+                None => problem.into_response(),
+            }
+        }
+        Ok(Claim::QuotaExceeded { retry_after }) => {
+            counts.record(Outcome::QuotaExceeded);
+            let seconds = retry_after.as_millis().div_ceil(1000).max(1) as u64;
+            info!(
+                retry_after_s = seconds,
+                "account holds its limit of live keys: 429"
+            );
+            Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "idempotency-key-quota-exceeded",
+                "Too many live Idempotency-Keys for this account",
+                format!(
+                    "this account already holds its limit of live idempotency keys; a place frees \
+                     up when one expires, in {seconds} s (nothing was claimed or charged; \
+                     replays of existing keys still work)"
+                ),
+            )
+            .retry_after(seconds)
+            .into_response()
+        }
+        Ok(Claim::Acquired(token)) => {
+            let mut request = request;
+            request.extensions_mut().insert(ClaimInfo {
+                fence: token.fence,
+                expires_at_ms: Some(token.expires_at_ms),
+            });
+            execute(shared, inner, token, fp, request).await
+        }
+    }
+}
+
+/// Runs the handler under an acquired claim and records its result.
+async fn execute<S>(
+    shared: Arc<Shared>,
+    inner: S,
+    token: HeldClaim,
+    fp: Fingerprint,
+    request: Request,
+) -> Response
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let counts = &shared.counts;
+    let outcome = match token.takeover {
+        Some(Takeover::LeaseExpired) => {
+            warn!(
+                fence = token.fence,
+                "took over a stuck claim whose lease ran out: running the handler again"
+            );
+            Outcome::TakenOver
+        }
+        Some(Takeover::Expired) => {
+            info!(
+                fence = token.fence,
+                "key had expired: claimed as a new operation"
+            );
+            Outcome::Executed
+        }
+        None => {
+            info!(fence = token.fence, "claimed key: running the handler");
+            Outcome::Executed
+        }
+    };
+
+    let mut handler = CatchPanic::new(inner.oneshot(request));
+    // A handler that finishes on its first poll needs no lease renewal: arm the timer only for one
+    // that has to wait (a per-request timer is a measurable share of the layer's cost).
+    let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut handler).poll(cx))).await;
+    let joined = match first {
+        Poll::Ready(joined) => joined,
+        Poll::Pending => {
+            with_renewal(&*shared.store, shared.config.heartbeat, &token, handler).await
+        }
+    };
+
+    let response = match joined {
+        Ok(Ok(response)) => response.into_response(),
+        Ok(Err(never)) => match never {},
+        Err(panic) => {
+            error!(
+                panic = panics::message(&panic),
+                "handler panicked: releasing the key"
+            );
+            release(&*shared.store, token).await;
+            counts.record(Outcome::Released);
+            return Problem::internal(
+                "the handler failed; the request may be retried with the same key",
+            )
+            .into_response();
+        }
+    };
+
+    if response.status().is_server_error() {
+        info!(
+            status = response.status().as_u16(),
+            "handler answered a server error: releasing the key"
+        );
+        release(&*shared.store, token).await;
+        counts.record(Outcome::Released);
+        let mut response = response;
+        response.extensions_mut().remove::<SideRecords>();
+        return response;
+    }
+
+    let (mut parts, body) = response.into_parts();
+    let side = parts.extensions.remove::<SideRecords>().unwrap_or_default();
+    let body = match axum::body::to_bytes(body, shared.config.max_response_bytes).await {
+        Ok(body) => body,
+        Err(e) => {
+            error!(error = %e, limit = shared.config.max_response_bytes, "response body could not be stored: releasing the key");
+            release(&*shared.store, token).await;
+            counts.record(Outcome::Released);
+            return Problem::internal("the response could not be recorded").into_response();
+        }
+    };
+    let stored = replay::to_stored(&parts, body.clone());
+    let status = stored.status;
+    let side_records = side.0.len();
+    let completed = shared.store.complete(&token, &stored, &side.0).await;
+    match completed {
+        Ok(()) => {
+            counts.record(outcome);
+            info!(status, side_records, "completed: response stored");
+            Response::from_parts(parts, Body::from(body))
+        }
+        Err(StoreError::LeaseLost { .. }) => fenced(&*shared.store, counts, &token, fp).await,
+        Err(e @ StoreError::Rejected(_)) => {
+            error!(error = %e, "response could not be stored: releasing the key");
+            release(&*shared.store, token).await;
+            counts.record(Outcome::Released);
+            Problem::internal("the response could not be recorded").into_response()
+        }
+        Err(e) => store_failure(counts, "complete", &e),
+    }
+}
