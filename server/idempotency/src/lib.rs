@@ -52,11 +52,12 @@
 //! guarantee (an atomic claim per `(scope, key)`, fencing tokens, a completion that stores the
 //! response and the business records in one step, durability before `Ok`). The behaviour suite of
 //! the payments server (`server/tests/behaviour.rs`) runs the same scenarios against every backend:
-//! add yours to it. [`backends::postgres`] is a worked example of a SQL implementation.
+//! add yours to it. `backends::postgres` (feature `postgres`) is a worked example of a SQL
+//! implementation.
 //!
 //! # Metrics
 //!
-//! [`metrics::register`] adds the layer's outcome counters and the store's own numbers to a
+//! [`metrics::Snapshot`] adds the layer's outcome counters and the store's own numbers to a
 //! `prometheus-client` registry under names this crate owns (`idempotency_requests_total`,
 //! `idemlog_*`); the caller keeps its own metrics.
 

@@ -36,7 +36,7 @@ pub enum Outcome {
     Unauthenticated,
     /// `store_error`: the store failed (poisoned, full disk, closed) → 503.
     StoreError,
-    /// `quota_exceeded`: a new key from an account that already holds its limit of live keys →
+    /// `quota_exceeded`: a new key from a scope that already holds its limit of live keys →
     /// 429; nothing was claimed.
     QuotaExceeded,
 }

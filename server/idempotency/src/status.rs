@@ -2,8 +2,8 @@
 //!
 //! `{key}` is the stored key, percent-encoded: for a structured-field string (`"abc"`) the content
 //! between the quotes (unescaped), for a bare key the key itself ([`crate::key`] maps both header
-//! forms to that one stored key). The scope is the authenticated account, as for the request that
-//! claimed it. A key the account never used, one that expired and one of another account are the
+//! forms to that one stored key). The scope is the authenticated caller's, as for the request that
+//! claimed it. A key the scope never used, one that expired and one of another scope are the
 //! same 404. Reading never claims, extends, releases or changes anything: it is one
 //! [`IdempotencyStore::get`](crate::IdempotencyStore::get).
 
@@ -30,14 +30,15 @@ pub struct KeyStatusState {
     pub retry_after: Duration,
 }
 
-/// The handler of `GET /idempotency-keys/{key}` (behind [`crate::auth::require_account`]).
+/// The handler of a key-status route such as `GET /idempotency-keys/{key}`, behind the caller's
+/// authentication (which puts the [`Scope`] in the request).
 pub async fn key_status(
     State(state): State<KeyStatusState>,
     scope: Option<Extension<Scope>>,
     Path(raw): Path<String>,
 ) -> Response {
     let Some(Extension(scope)) = scope else {
-        return Problem::unauthorized("this route needs an authenticated account").into_response();
+        return Problem::unauthorized("this route needs an authenticated caller").into_response();
     };
     let key = match key::validate(raw.into_bytes()) {
         Ok(key) => key,
@@ -48,7 +49,7 @@ pub async fn key_status(
         Ok(None) => {
             return Problem::from_status(
                 StatusCode::NOT_FOUND,
-                "this account holds no live record of that Idempotency-Key",
+                "this caller holds no live record of that Idempotency-Key",
             )
             .into_response();
         }

@@ -1,8 +1,8 @@
 //! The store interface the idempotency layer owns, and that every backend implements.
 //!
-//! The layer, the payments handlers and the fake provider talk only to [`IdempotencyStore`]; the
-//! embedded engine ([`crate::backends`]) and PostgreSQL ([`crate::backends`])
-//! implement it. Nothing above this trait knows which backend it runs on.
+//! The layer, and the handlers that write business records through it, talk only to
+//! [`IdempotencyStore`]; the embedded engine and PostgreSQL ([`crate::backends`]) implement it.
+//! Nothing above this trait knows which backend it runs on.
 //!
 //! What every implementation guarantees (the behaviour suite in `server/tests/` runs against each):
 //! - **claim** is atomic per `(scope, key)`: of any number of concurrent claims exactly one is
@@ -148,7 +148,7 @@ pub enum Expiry {
 /// One business-record write: a value put under `(namespace, key)`, or removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordWrite {
-    /// The record family (`payments`, `gateway.charges`).
+    /// The record family (`orders`, `invoices`; the payments server uses `payments`).
     pub namespace: &'static str,
     /// The record's key inside its namespace.
     pub key: String,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::fingerprint::FingerprintMode;
 
-/// Settings of an [`IdempotencyLayer`].
+/// Settings of an [`IdempotencyLayer`](crate::IdempotencyLayer).
 #[derive(Debug, Clone)]
 pub struct IdempotencyConfig {
     /// How long a key (claimed or completed) is remembered.
@@ -25,7 +25,7 @@ pub struct IdempotencyConfig {
     /// The `Retry-After` hint of a 409: a short wait, never more than the lease has left. Handlers
     /// take milliseconds; telling a client to wait out a 30 s lease would be needlessly slow.
     pub retry_after: Duration,
-    /// Most live keys per scope (account): a request with a new key beyond it is a 429. `None`: no
+    /// Most live keys per scope: a request with a new key beyond it is a 429. `None`: no
     /// limit.
     pub max_live_keys: Option<u64>,
 }

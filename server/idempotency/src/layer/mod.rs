@@ -4,12 +4,12 @@
 //! 1. scope from the [`Scope`](crate::Scope) extension (none → 401), key from the header (bad →
 //!    400), body read up to the limit (over → 413): nothing has been claimed yet, nothing runs;
 //! 2. fingerprint, then everything that follows runs inside
-//!    [`FinishOnDrop`](finish_on_drop::FinishOnDrop): on the request's task, but moved to a task of
+//!    `FinishOnDrop`: on the request's task, but moved to a task of
 //!    its own if a client disconnects (axum drops the future), so that cannot cancel a claim, a
 //!    handler or a completion halfway;
 //! 3. claim: replay / 409 / 422 / store failure (503), or acquired;
 //! 4. the inner service runs on that task, with a panic caught
-//!    ([`CatchPanic`](catch_panic::CatchPanic)); while it runs, the lease is renewed every
+//!    (`CatchPanic`); while it runs, the lease is renewed every
 //!    `heartbeat`, so only a dead holder loses its key;
 //! 5. 5xx or panic → release; otherwise the body is collected and `complete` stores the response and
 //!    the handler's [`SideRecords`](crate::SideRecords) in one atomic append;

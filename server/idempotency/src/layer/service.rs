@@ -126,7 +126,7 @@ where
     let Some(scope) = request.extensions().get::<Scope>().cloned() else {
         counts.record(Outcome::Unauthenticated);
         warn!("request reached the idempotency layer without an authenticated scope");
-        return Problem::unauthorized("this route needs an authenticated account").into_response();
+        return Problem::unauthorized("this route needs an authenticated caller").into_response();
     };
     let key = match key::from_headers(request.headers()) {
         Ok(key) => key,
@@ -167,8 +167,8 @@ where
                 StatusCode::REQUEST_TIMEOUT,
                 "body-timeout",
                 "Request body not received in time",
-                "the request body stopped arriving; nothing was claimed or charged, so the request \
-                 may be retried with the same Idempotency-Key",
+                "the request body stopped arriving; nothing was claimed and the request did \
+                 not run, so it may be retried with the same Idempotency-Key",
             )
             .into_response();
         }
@@ -179,7 +179,7 @@ where
                 StatusCode::BAD_REQUEST,
                 "body-unreadable",
                 "Request body could not be read",
-                "the request body could not be read; nothing was claimed or charged",
+                "the request body could not be read; nothing was claimed and the request did not run",
             )
             .into_response();
         }
@@ -307,16 +307,16 @@ where
             let seconds = retry_after.as_millis().div_ceil(1000).max(1) as u64;
             info!(
                 retry_after_s = seconds,
-                "account holds its limit of live keys: 429"
+                "scope holds its limit of live keys: 429"
             );
             Problem::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "idempotency-key-quota-exceeded",
-                "Too many live Idempotency-Keys for this account",
+                "Too many live Idempotency-Keys for this caller",
                 format!(
-                    "this account already holds its limit of live idempotency keys; a place frees \
-                     up when one expires, in {seconds} s (nothing was claimed or charged; \
-                     replays of existing keys still work)"
+                    "this caller already holds its limit of live idempotency keys; a place frees \
+                     up when one expires, in {seconds} s (nothing was claimed and the request did \
+                     not run; replays of existing keys still work)"
                 ),
             )
             .retry_after(seconds)

@@ -1,7 +1,7 @@
 //! The embedded backend: [`IdempotencyStore`] on the idemlog engine in one data directory.
 //!
 //! It owns three things the engine does not:
-//! - **where calls run** ([`StoreCalls`]): inline under `Durability::None`, on the blocking pool
+//! - **where calls run** (`calls::StoreCalls`): inline under `Durability::None`, on the blocking pool
 //!   when a call may wait for an fdatasync;
 //! - **atomic check-and-insert with a counter** ([`IdempotencyStore::insert_once`]): one process
 //!   owns the directory, so a striped mutex serialises the check and the write for keys of one
