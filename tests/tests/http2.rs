@@ -132,13 +132,13 @@ fn an_http2_request_with_headers_over_the_limit_is_refused_and_the_server_goes_o
             .header("x-big", big)
             .body(Full::new(Bytes::new()))
             .expect("request");
-        match send.send_request(request).await {
-            Ok(response) => assert!(
+        // Refused outright (stream reset or connection error) is as good as an error status.
+        if let Ok(response) = send.send_request(request).await {
+            assert!(
                 !response.status().is_success(),
                 "a 100 KiB header was served: {}",
                 response.status()
-            ),
-            Err(_) => {} // refused (stream reset or connection error)
+            );
         }
         let (mut fresh, _driver) = h2(server.addr).await;
         let ok = Request::get("/healthz")
