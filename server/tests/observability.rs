@@ -299,3 +299,114 @@ async fn the_openapi_document_is_served_and_describes_exactly_the_routes() {
         );
     }
 }
+
+fn document() -> serde_json::Value {
+    idemlog_server::openapi::document()
+}
+
+#[test]
+fn the_idempotency_key_header_and_path_declare_the_one_rule_the_parser_enforces() {
+    let doc = document();
+    let param = |path: &str, method: &str, name: &str| {
+        doc["paths"][path][method]["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{method} {path} {name}"))
+            .clone()
+    };
+    let header = param("/payments", "post", "Idempotency-Key");
+    let path = param("/idempotency-keys/{key}", "get", "key");
+    assert_eq!(header["schema"], path["schema"]);
+    assert_eq!(
+        header["schema"]["pattern"],
+        idemlog_idempotency::key::PATTERN
+    );
+    let status = &doc["paths"]["/idempotency-keys/{key}"]["get"]["responses"];
+    assert!(status["400"].is_object(), "the path's 400 is documented");
+}
+
+#[tokio::test]
+async fn a_quoted_key_in_the_status_path_names_the_same_key_as_the_bare_one() {
+    let t = TestApp::new();
+    assert_eq!(
+        t.pay(KEY_A, "\"order-7\"", BODY).await.status,
+        StatusCode::CREATED
+    );
+    for path in [
+        "/idempotency-keys/order-7",
+        "/idempotency-keys/%22order-7%22",
+    ] {
+        let reply = t
+            .send(
+                Request::get(path)
+                    .header("authorization", format!("Bearer {KEY_A}"))
+                    .body(Body::empty())
+                    .expect("request"),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}");
+        assert_eq!(reply.json()["key"], "order-7", "{path}");
+    }
+    let spaced = t
+        .send(
+            Request::get("/idempotency-keys/%22a%20b%22")
+                .header("authorization", format!("Bearer {KEY_A}"))
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(
+        spaced.status,
+        StatusCode::BAD_REQUEST,
+        "as the header would"
+    );
+}
+
+#[test]
+fn the_request_id_parameter_declares_no_limit_the_server_does_not_enforce() {
+    let doc = document();
+    let params = doc["paths"]["/payments"]["post"]["parameters"]
+        .as_array()
+        .expect("parameters");
+    let id = params
+        .iter()
+        .find(|p| p["name"] == "X-Request-Id")
+        .expect("X-Request-Id");
+    assert_eq!(id["schema"], serde_json::json!({"type": "string"}));
+    let echoed = &doc["components"]["headers"]["X-Request-Id"]["schema"]["pattern"];
+    assert_eq!(
+        echoed, "^[\\x21-\\x7E]{1,128}$",
+        "what the response carries"
+    );
+}
+
+#[test]
+fn amounts_declare_the_two_decimal_rule_on_request_and_response() {
+    let doc = document();
+    for schema in ["PaymentRequest", "Payment"] {
+        let amount = &doc["components"]["schemas"][schema]["properties"]["amount"];
+        assert_eq!(amount["multipleOf"], 0.01, "{schema}");
+        assert_eq!(amount["exclusiveMinimum"], 0, "{schema}");
+    }
+}
+
+#[test]
+fn every_response_of_every_route_declares_x_request_id() {
+    let doc = document();
+    let mut seen = 0;
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("item") {
+            for (status, response) in operation["responses"].as_object().expect("responses") {
+                assert_eq!(
+                    response["headers"]["X-Request-Id"]["$ref"],
+                    "#/components/headers/X-Request-Id",
+                    "{method} {path} {status}"
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen > 20, "{seen} responses");
+}

@@ -4,6 +4,12 @@
 //! so an unquoted value is taken as it is, and `"abc"` and `abc` are the same key. After unquoting
 //! the key must be 1–255 visible ASCII characters (0x21–0x7E). Anything else is a 400 before the
 //! request runs.
+//!
+//! RFC 8941 allows spaces inside an sf-string (`"a b"`); this parser refuses them on purpose. The
+//! key is also the `{key}` path segment of `GET /idempotency-keys/{key}`, a log field and a
+//! database column; visible ASCII keeps it one unambiguous token everywhere, and the draft lets a
+//! resource define its key format. Every key any client could use before stays valid. [`PATTERN`]
+//! is this rule as a regular expression, for the OpenAPI document.
 
 use axum::http::HeaderMap;
 
@@ -15,6 +21,17 @@ pub const HEADER: &str = "idempotency-key";
 
 /// Longest key, in characters (the draft's and the engine's limit).
 pub const MAX_LEN: usize = idemlog::MAX_KEY;
+
+/// The rule [`parse`] enforces on a header value, as a regular expression (ECMA-262, as an OpenAPI
+/// `pattern`): a structured-field string of 1 to [`MAX_LEN`] characters after unescaping, each
+/// visible ASCII other than `"` and `\` or one of the escapes `\"` and `\\`; or a bare value of 1 to
+/// [`MAX_LEN`] visible ASCII characters that does not start with `"` (that is the quoted form).
+/// RFC 8941 also allows spaces inside an sf-string; keys with a space are refused (see the module
+/// docs), so the pattern leaves them out. The OpenAPI document declares this pattern on both the
+/// `Idempotency-Key` header and the `{key}` of `GET /idempotency-keys/{key}`, which parses its
+/// segment with the same function; a test checks pattern and parser agree.
+pub const PATTERN: &str =
+    r#"^(?:"(?:[\x21\x23-\x5B\x5D-\x7E]|\\["\\]){1,255}"|[\x21\x23-\x7E][\x21-\x7E]{0,254})$"#;
 
 /// A validated key; also put in the request extensions for the handler.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -81,9 +98,8 @@ pub fn parse(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
     validate(key)
 }
 
-/// A stored key as it is, already unquoted (the `{key}` of `GET /idempotency-keys/{key}`, after
-/// percent-decoding): the same checks as a header value, without the quoting rules.
-pub fn validate(key: Vec<u8>) -> Result<IdempotencyKey, KeyError> {
+/// A key already unquoted: non-empty, visible ASCII, at most [`MAX_LEN`] bytes.
+fn validate(key: Vec<u8>) -> Result<IdempotencyKey, KeyError> {
     if key.is_empty() {
         return Err(KeyError::Empty);
     }
@@ -165,6 +181,51 @@ mod tests {
         assert_eq!(parse(b"\"a\"b\""), Err(KeyError::BadQuoting));
         assert_eq!(parse(br#""a\x""#), Err(KeyError::BadQuoting));
         assert_eq!(parse(b"\""), Err(KeyError::BadQuoting));
+    }
+
+    fn pattern() -> regex::Regex {
+        regex::Regex::new(PATTERN).expect("the pattern compiles")
+    }
+
+    #[test]
+    fn the_pattern_accepts_exactly_what_the_parser_accepts_at_the_edges() {
+        let long = |n: usize| "a".repeat(n);
+        let cases = [
+            "abc".to_owned(),
+            "\"abc\"".to_owned(),
+            r#""a\"b""#.to_owned(),
+            r#""a\\b""#.to_owned(),
+            r#"a"b"#.to_owned(),
+            "\"a b\"".to_owned(),
+            "a b".to_owned(),
+            "\"abc".to_owned(),
+            "\"\"".to_owned(),
+            r#""a\x""#.to_owned(),
+            "caf\u{e9}".to_owned(),
+            long(255),
+            long(256),
+            format!("\"{}\"", long(255)),
+            format!("\"{}\"", long(256)),
+            format!("\"{}\"", r#"\""#.repeat(255)),
+        ];
+        for case in cases {
+            assert_eq!(
+                pattern().is_match(&case),
+                parse(case.as_bytes()).is_ok(),
+                "{case:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_pattern_and_the_parser_agree(raw in r#"[ -~\u{e9}]{0,260}|"[ -~]{0,258}"?"#) {
+            proptest::prop_assert_eq!(
+                pattern().is_match(&raw),
+                parse(raw.as_bytes()).is_ok(),
+                "{:?}", raw
+            );
+        }
     }
 
     #[test]

@@ -38,15 +38,33 @@ pub struct Problem {
     pub bearer_challenge: bool,
 }
 
-#[derive(Serialize)]
-struct Body9457<'a> {
+/// The JSON body of every problem, as serialised: the OpenAPI document's schema of every 4xx and
+/// 5xx is generated from this type, so the two cannot drift apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct ProblemDetails {
+    /// `urn:idemlog:problem:{slug}`.
     #[serde(rename = "type")]
-    kind: String,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
+    #[schema(example = "urn:idemlog:problem:request-in-progress")]
+    pub kind: String,
+    /// Summary that does not change from occurrence to occurrence.
+    pub title: String,
+    /// The HTTP status.
+    #[schema(minimum = 400, maximum = 599)]
+    pub status: u16,
+    /// This occurrence.
+    pub detail: String,
+    /// The id of the request that produced this body (its `X-Request-Id`). On a replayed response
+    /// it is the id of the original request, not of the replaying one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    request_id: Option<String>,
+    #[schema(nullable = false)]
+    pub request_id: Option<String>,
+    /// For a 422 mismatch: sorted JSON Pointers (RFC 6901) of the body members that differ from
+    /// the request the key was first used with, plus `method`, `path`, `query`, `content-type`
+    /// when those differ, and `""` when the bodies cannot be compared member by member. Never
+    /// values. Absent when the first request's members were not kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub differing_fields: Option<Vec<String>>,
 }
 
 impl Problem {
@@ -132,12 +150,13 @@ impl Problem {
     /// The JSON body, with the current request's id ([`crate::request_id::current`]) when there
     /// is one.
     pub fn body(&self) -> Vec<u8> {
-        let body = Body9457 {
+        let body = ProblemDetails {
             kind: self.type_uri(),
-            title: self.title,
+            title: self.title.to_owned(),
             status: self.status.as_u16(),
-            detail: &self.detail,
+            detail: self.detail.clone(),
             request_id: crate::request_id::current(),
+            differing_fields: None,
         };
         // Serialising a struct of strings and an integer cannot fail; fall back to a minimal body
         // rather than panic if it ever did.

@@ -1,10 +1,11 @@
 //! `GET /idempotency-keys/{key}`: what became of a key, without re-sending its request.
 //!
-//! `{key}` is the stored key, percent-encoded: for a structured-field string (`"abc"`) the content
-//! between the quotes (unescaped), for a bare key the key itself ([`crate::key`] maps both header
-//! forms to that one stored key). The scope is the authenticated caller's, as for the request that
-//! claimed it. A key the scope never used, one that expired and one of another scope are the
-//! same 404. Reading never claims, extends, releases or changes anything: it is one
+//! `{key}` is the key as the `Idempotency-Key` header sends it, percent-encoded, and is parsed by the
+//! same function ([`crate::key::parse`]): `abc` and `"abc"` (`%22abc%22`) name the same key, and a
+//! segment the header would refuse is the same 400. One rule, so the OpenAPI document declares one
+//! pattern ([`crate::key::PATTERN`]) for both. The scope is the authenticated caller's, as for the
+//! request that claimed it. A key the scope never used, one that expired and one of another scope
+//! are the same 404. Reading never claims, extends, releases or changes anything: it is one
 //! [`IdempotencyStore::get`](crate::IdempotencyStore::get).
 
 use std::time::Duration;
@@ -14,7 +15,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::http::header::LOCATION;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value};
+use serde::Serialize;
 use tracing::{error, info};
 
 use crate::layer::retry_after_hint;
@@ -30,6 +31,45 @@ pub struct KeyStatusState {
     pub retry_after: Duration,
 }
 
+/// State of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyStateName {
+    /// A request with this key is running.
+    InProgress,
+    /// The key's response is stored and replayed to retries.
+    Completed,
+}
+
+/// The body of a `200` from `GET /idempotency-keys/{key}`: the state of one of the caller's keys.
+/// Members are declared in alphabetical order, so the JSON is written in that order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct KeyStatus {
+    /// When the key was first claimed (RFC 3339, UTC, milliseconds).
+    #[schema(format = DateTime, example = "2025-01-01T12:00:00.123Z")]
+    pub created_at: String,
+    /// When the key expires and may be reused (RFC 3339, UTC, milliseconds).
+    #[schema(format = DateTime, example = "2025-01-02T12:00:00.123Z")]
+    pub expires_at: String,
+    /// The key (the stored form: without structured-field quotes).
+    #[schema(example = "order-42")]
+    pub key: String,
+    /// Completed with a `Location`: where the created resource is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub location: Option<String>,
+    /// Completed: the status of the stored response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, minimum = 100, maximum = 599)]
+    pub response_status: Option<u16>,
+    /// In progress: whole seconds (at least 1) before a retry may succeed, the 409's hint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, minimum = 1)]
+    pub retry_after: Option<u64>,
+    /// In progress or completed.
+    pub state: KeyStateName,
+}
+
 /// The handler of a key-status route such as `GET /idempotency-keys/{key}`, behind the caller's
 /// authentication (which puts the [`Scope`] in the request).
 pub async fn key_status(
@@ -40,7 +80,7 @@ pub async fn key_status(
     let Some(Extension(scope)) = scope else {
         return Problem::unauthorized("this route needs an authenticated caller").into_response();
     };
-    let key = match key::validate(raw.into_bytes()) {
+    let key = match key::parse(raw.as_bytes()) {
         Ok(key) => key,
         Err(e) => return e.to_problem().into_response(),
     };
@@ -59,38 +99,37 @@ pub async fn key_status(
                 .into_response();
         }
     };
-    let mut body = Map::new();
-    body.insert("key".into(), key.as_str().into());
+    let mut body = KeyStatus {
+        created_at: rfc3339(record.created_at_ms),
+        expires_at: rfc3339(record.expires_at_ms),
+        key: key.as_str().to_owned(),
+        location: None,
+        response_status: None,
+        retry_after: None,
+        state: KeyStateName::InProgress,
+    };
     match &record.state {
         KeyState::InProgress { lease_left } => {
-            body.insert("state".into(), "in_progress".into());
-            body.insert(
-                "retry_after".into(),
-                retry_after_hint(state.retry_after, *lease_left).into(),
-            );
+            body.retry_after = Some(retry_after_hint(state.retry_after, *lease_left));
         }
         KeyState::Completed(stored) => {
-            body.insert("state".into(), "completed".into());
-            body.insert("response_status".into(), stored.status.into());
-            let location = stored
+            body.state = KeyStateName::Completed;
+            body.response_status = Some(stored.status);
+            body.location = stored
                 .headers
                 .iter()
                 .find(|(name, _)| name.eq_ignore_ascii_case(LOCATION.as_str()))
-                .and_then(|(_, value)| std::str::from_utf8(value).ok());
-            if let Some(location) = location {
-                body.insert("location".into(), location.into());
-            }
+                .and_then(|(_, value)| std::str::from_utf8(value).ok())
+                .map(str::to_owned);
         }
     }
-    body.insert("created_at".into(), rfc3339(record.created_at_ms).into());
-    body.insert("expires_at".into(), rfc3339(record.expires_at_ms).into());
     info!(
         scope = scope.as_str(),
         key = key.as_str(),
-        state = body["state"].as_str(),
+        state = ?body.state,
         "key status read"
     );
-    Json(Value::Object(body)).into_response()
+    Json(body).into_response()
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond

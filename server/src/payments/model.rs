@@ -12,13 +12,18 @@ use serde_json::value::RawValue;
 /// Largest amount accepted, in minor units (just under ten billion in major units).
 pub const MAX_AMOUNT_MINOR: i64 = 999_999_999_999;
 
-/// The body of `POST /payments`.
-#[derive(Debug, Clone, Deserialize)]
+/// The body of `POST /payments` (the OpenAPI document's `PaymentRequest`, generated from this type).
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = PaymentRequest)]
 pub struct CreatePayment {
-    /// Amount in major units, at most two decimal places.
+    /// Amount in major units: a JSON number greater than zero with at most two decimal places
+    /// (`100.00`), at most 9 999 999 999.99. Its text is parsed exactly; it is never rounded, and
+    /// a sub-cent amount (`1.001`) is a 422.
+    #[schema(value_type = f64, exclusive_minimum = 0, maximum = 9999999999.99, multiple_of = 0.01, example = 100.00)]
     pub amount: Number,
     /// ISO 4217-style code: three upper-case letters.
+    #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
     pub currency: String,
 }
 
@@ -114,13 +119,24 @@ pub struct PaymentRecord {
     pub charge_id: String,
 }
 
-#[derive(Serialize)]
-struct PublicPayment<'a> {
-    id: &'a str,
-    amount: Box<RawValue>,
-    currency: &'a str,
-    status: &'a str,
-    charge_id: &'a str,
+/// A payment as the API shows it (the OpenAPI document's `Payment`, generated from this type).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Payment<'a> {
+    /// `pay_…`.
+    #[schema(example = "pay_09e311744afe7372032f6819")]
+    pub id: &'a str,
+    /// Amount in major units, written with two decimal places (`100.00`).
+    #[schema(value_type = f64, exclusive_minimum = 0, maximum = 9999999999.99, multiple_of = 0.01, example = 100.00)]
+    pub amount: Box<RawValue>,
+    /// Currency code.
+    #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
+    pub currency: &'a str,
+    /// `succeeded`.
+    #[schema(example = "succeeded")]
+    pub status: &'a str,
+    /// The provider's charge.
+    #[schema(example = "ch_0a063dd302ee4ce977ff8c6d")]
+    pub charge_id: &'a str,
 }
 
 impl PaymentRecord {
@@ -128,7 +144,7 @@ impl PaymentRecord {
     /// a decimal number (`100.00`).
     pub fn to_public_json(&self) -> Result<Vec<u8>, serde_json::Error> {
         let amount = RawValue::from_string(format_minor(self.amount_minor))?;
-        serde_json::to_vec(&PublicPayment {
+        serde_json::to_vec(&Payment {
             id: &self.id,
             amount,
             currency: &self.currency,
