@@ -104,10 +104,10 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Str
         match migrate_once(client, schema).await {
             Err(e) if retryable(&e) && attempt + 1 < ATTEMPTS => {
                 attempt += 1;
-                warn!(schema, attempt, error = %super::describe(&e), "schema migration raced another instance; retrying");
-                tokio::time::sleep(super::jitter(Duration::from_millis(20), attempt)).await;
+                warn!(schema, attempt, error = %super::error::describe(&e), "schema migration raced another instance; retrying");
+                tokio::time::sleep(super::error::jitter(Duration::from_millis(20), attempt)).await;
             }
-            other => return other.map_err(|e| super::describe(&e)),
+            other => return other.map_err(|e| super::error::describe(&e)),
         }
     }
 }
