@@ -157,8 +157,16 @@ async fn fresh_claim_acquires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_of_one_key_acquire_exactly_once() {
     let Some(db) = Db::new().await else { return };
-    // Two "instances", each with its own pool.
-    let stores = [db.store().await, db.store().await];
+    // Two "instances", each with its own pool, and a lease no claim outlives even on a loaded
+    // machine: this test is about concurrent claims, not takeovers.
+    let mut config = db.config();
+    config.lease = TTL;
+    let stores = [
+        PostgresBackend::connect(config.clone())
+            .await
+            .expect("connect"),
+        PostgresBackend::connect(config).await.expect("connect"),
+    ];
     let barrier = Arc::new(Barrier::new(32));
     let mut tasks = Vec::new();
     for i in 0..32 {
