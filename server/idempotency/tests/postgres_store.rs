@@ -68,6 +68,27 @@ impl Db {
             .expect("connect")
     }
 
+    /// `host:port` of the database.
+    fn target(&self) -> String {
+        let cfg: tokio_postgres::Config = self.url.parse().unwrap();
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        format!("127.0.0.1:{port}")
+    }
+
+    /// The database's URL with 127.0.0.1:`port` (a proxy) as its address.
+    fn url_via(&self, port: u16) -> String {
+        let cfg: tokio_postgres::Config = self.url.parse().unwrap();
+        let password = cfg
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        format!(
+            "postgres://{}{}@127.0.0.1:{port}/{}",
+            cfg.get_user().unwrap_or("postgres"),
+            password.map(|p| format!(":{p}")).unwrap_or_default(),
+            cfg.get_dbname().unwrap_or("postgres"),
+        )
+    }
+
     async fn count(&self, table: &str) -> i64 {
         self.raw
             .query_one(
@@ -779,6 +800,55 @@ impl Proxy {
     fn restore(&self) {
         self.up.store(true, Ordering::SeqCst);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_is_unready_within_3s_of_an_outage_and_ready_within_3s_of_its_return() {
+    let Some(db) = Db::new().await else { return };
+    let proxy = Proxy::start(db.target()).await;
+    let mut config = db.config();
+    config.url = db.url_via(proxy.port);
+    config.connect_timeout = Duration::from_secs(1);
+    let store = PostgresBackend::connect(config).await.unwrap();
+    acquire(&store, "acct", "before", 1, TTL).await;
+    assert_eq!(store.health(), Health::Ready);
+    // Idle from here on: no call tells the store what happened.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    proxy.cut();
+    let cut = Instant::now();
+    while store.health() == Health::Ready {
+        assert!(
+            cut.elapsed() < Duration::from_secs(3),
+            "still ready {:?} after the outage",
+            cut.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Liveness does not follow the shared database.
+    assert_eq!(store.liveness(), Health::Ready);
+    let up = |gauges: Vec<idemlog_idempotency::store::Gauge>| {
+        gauges
+            .iter()
+            .find(|g| g.name == "idemlog_pg_up")
+            .map(|g| g.value)
+    };
+    assert_eq!(up(store.gauges().await), Some(0.0));
+
+    proxy.restore();
+    let restored = Instant::now();
+    while store.health() != Health::Ready {
+        assert!(
+            restored.elapsed() < Duration::from_secs(3),
+            "not ready {:?} after the database returned: {:?}",
+            restored.elapsed(),
+            store.health()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(up(store.gauges().await), Some(1.0));
+    store.close().await.unwrap();
+    db.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -418,6 +418,11 @@ impl IdempotencyStore for PostgresBackend {
             .await
     }
 
+    /// The database is shared by every instance: its outage is not this process's failure.
+    fn liveness(&self) -> Health {
+        Health::Ready
+    }
+
     fn health(&self) -> Health {
         if self.inner.state.is_down() {
             Health::Unavailable(self.inner.state.reason())
@@ -456,7 +461,8 @@ impl IdempotencyStore for PostgresBackend {
             },
             Gauge {
                 name: "idemlog_pg_up",
-                help: "1 while the database answers, 0 after a connection failure.",
+                help: "1 while the database answers, 0 after a connection failure or a failed \
+                       check (checked every second while no call succeeds).",
                 value: if self.inner.state.is_down() { 0.0 } else { 1.0 },
             },
         ];
