@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::database_url;
-use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacted_url};
+use idemlog_idempotency::backends::postgres::{PgConfig, PgError, PostgresBackend, redacted_url};
 use idemlog_idempotency::store::{
     Claim, Expiry, Fingerprint, Health, HeldClaim, IdempotencyStore, InsertOnce, KeyState,
     RecordWrite, StoreError, StoredResponse, Takeover,
@@ -658,6 +658,41 @@ async fn schema_migration_run_concurrently_by_four_connects_is_safe() {
     for s in &stores {
         s.close().await.unwrap();
     }
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_newer_than_this_build_is_refused_at_connect_naming_both_versions() {
+    let Some(db) = Db::new().await else { return };
+    db.store().await.close().await.unwrap();
+    let newer = idemlog_idempotency::backends::postgres::SCHEMA_VERSION + 1;
+    db.raw
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\".schema_migrations (version) VALUES ($1)",
+                db.schema
+            ),
+            &[&newer],
+        )
+        .await
+        .unwrap();
+    let err = match PostgresBackend::connect(db.config()).await {
+        Ok(_) => panic!("a build older than the schema connected"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, PgError::SchemaTooNew { found, known, .. }
+            if found == newer && known == newer - 1),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("version {newer}"))
+            && text.contains(&format!("version {}", newer - 1)),
+        "{text}"
+    );
+    // Nothing was migrated or recorded by the refused build.
+    assert_eq!(db.count("schema_migrations").await, i64::from(newer));
     db.drop_schema().await;
 }
 

@@ -15,6 +15,7 @@ use super::codec::millis;
 use super::config::{self, PgConfig, PgError};
 use super::error::describe;
 use super::health::{self, DbState};
+use super::schema::MigrateError;
 use super::sql::Statements;
 use super::store::{Inner, PostgresBackend};
 use super::{latency, redacted_url, schema, url};
@@ -139,16 +140,30 @@ impl PostgresBackend {
             tokio::time::timeout_at(deadline, schema::migrate(&mut client, &config.schema))
                 .await
                 .unwrap_or_else(|_| {
-                    Err(format!("not done within {} s", STARTUP_DEADLINE.as_secs()))
-                })
-                .map_err(scrub);
-        if let Err(reason) = migrated {
-            pool.close();
-            return Err(PgError::Migrate {
-                url: shown,
-                schema: config.schema.clone(),
-                reason,
-            });
+                    Err(MigrateError::Db(format!(
+                        "not done within {} s",
+                        STARTUP_DEADLINE.as_secs()
+                    )))
+                });
+        match migrated {
+            Ok(()) => {}
+            Err(MigrateError::TooNew { found, known }) => {
+                pool.close();
+                return Err(PgError::SchemaTooNew {
+                    url: shown,
+                    schema: config.schema.clone(),
+                    found,
+                    known,
+                });
+            }
+            Err(MigrateError::Db(reason)) => {
+                pool.close();
+                return Err(PgError::Migrate {
+                    url: shown,
+                    schema: config.schema.clone(),
+                    reason: scrub(reason),
+                });
+            }
         }
         drop(client);
         info!(database = %shown, schema = %config.schema, pool = config.pool_size, "PostgreSQL store ready");
