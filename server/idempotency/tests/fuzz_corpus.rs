@@ -8,7 +8,7 @@ use idemlog_idempotency::fuzzing;
 
 fn replay(target: &str, run: fn(&[u8])) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
+        .join("../../fuzz/corpus")
         .join(target);
     idemlog::fuzzing::replay_corpus(&dir, run);
 }
