@@ -76,7 +76,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use compaction::CompactionReport;
 pub use dir_lock::LOCK_FILE;
 pub use error::{Corruption, Error, Result};
-pub use limits::{MAX_KEY, MAX_SCOPE, MAX_VALUE};
+pub use limits::{
+    MAX_HEADER_NAME, MAX_HEADER_VALUE, MAX_HEADERS, MAX_KEY, MAX_NAMESPACE, MAX_REQUEST_DIGEST,
+    MAX_SCOPE, MAX_SIDE_KEY, MAX_VALUE,
+};
 pub use metrics::HistogramSnapshot;
 pub use options::{CompactionPolicy, Durability, Options};
 pub use pending::{Deferred, Durable, Pending};

@@ -21,6 +21,9 @@ pub const MAX_HEADER_VALUE: usize = 8 * 1024;
 pub const MAX_NAMESPACE: usize = 255;
 /// Longest side-record key.
 pub const MAX_SIDE_KEY: usize = 1024;
+/// Longest request digest stored with a claim (the per-field digests behind a 422's
+/// `differing_fields`).
+pub const MAX_REQUEST_DIGEST: usize = 8 * 1024;
 /// Hard ceiling for a body or side value; [`crate::Options::max_value_bytes`] may only lower it.
 pub const MAX_VALUE: usize = 16 << 20;
 

@@ -24,13 +24,14 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// Directory of the embedded store (created if missing).
-    #[arg(long, env = "IDEMLOG_DATA_DIR", default_value = "./data")]
-    pub data_dir: PathBuf,
+    /// Directory of the embedded store (created if missing). Default `./data`. Given on the
+    /// command line, it always selects the embedded store, whatever the environment holds.
+    #[arg(long, env = "IDEMLOG_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
 
     /// PostgreSQL URL (`postgres://user:password@host:port/db`): keep every record in that shared
     /// database instead of `--data-dir`, so any number of instances can serve the same keys.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = "IDEMLOG_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
     /// Schema of the PostgreSQL tables (created or migrated at start-up).
@@ -191,6 +192,72 @@ pub enum LogFormat {
     Json,
 }
 
+/// The store that serves, chosen explicitly (see [`Config::parse_with_store`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// The embedded store in this directory.
+    Embedded(PathBuf),
+    /// The shared PostgreSQL database at this URL.
+    Postgres(String),
+}
+
+/// Directory of the embedded store when neither store is named.
+pub const DEFAULT_DATA_DIR: &str = "./data";
+
+impl Config {
+    /// Parses `args` (and the environment) and chooses the store: a store named on the command
+    /// line wins over the environment, so an explicit `--data-dir` always means the embedded store;
+    /// `--data-dir` and `--database-url` both on the command line (or `IDEMLOG_DATA_DIR` and
+    /// `IDEMLOG_DATABASE_URL` both in the environment, neither on the command line) is an error
+    /// naming both; with neither, the embedded store in `./data`.
+    pub fn parse_with_store<I, T>(args: I) -> Result<(Config, StoreChoice), clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let mut command = Config::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let config = Config::from_arg_matches(&matches)?;
+        let source = |id: &str| matches.value_source(id);
+        let cli = |id: &str| source(id) == Some(ValueSource::CommandLine);
+        let mut both = |what: &str| {
+            command.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "{what}: choose one store, the embedded one (--data-dir) or PostgreSQL \
+                     (--database-url)"
+                ),
+            )
+        };
+        let embedded = |config: &Config| {
+            StoreChoice::Embedded(
+                config
+                    .data_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            )
+        };
+        let choice = match (&config.database_url, cli("data_dir"), cli("database_url")) {
+            (Some(_), true, true) => {
+                return Err(both("--data-dir and --database-url both given"));
+            }
+            (_, true, false) | (None, _, _) => embedded(&config),
+            (Some(url), false, true) => StoreChoice::Postgres(url.clone()),
+            (Some(url), false, false) => {
+                if config.data_dir.is_some() {
+                    return Err(both(
+                        "IDEMLOG_DATA_DIR and IDEMLOG_DATABASE_URL both set in the environment",
+                    ));
+                }
+                StoreChoice::Postgres(url.clone())
+            }
+        };
+        Ok((config, choice))
+    }
+}
+
 impl Config {
     /// The HTTP connection limits for these flags.
     pub fn http_limits(&self) -> crate::serve::Limits {
@@ -313,7 +380,7 @@ mod tests {
     fn defaults_match_the_contract() {
         let c = Config::try_parse_from(["idemlog-server"]).expect("defaults parse");
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
-        assert_eq!(c.data_dir, PathBuf::from("./data"));
+        assert_eq!(c.data_dir, None);
         assert!(c.api_keys.is_empty());
         assert_eq!(c.key_ttl, Duration::from_secs(86_400));
         assert_eq!(c.lease, Duration::from_secs(30));
@@ -387,5 +454,36 @@ mod tests {
         .expect("parse");
         assert_eq!(c.api_keys.len(), 2);
         assert_eq!(c.api_keys[1], ("k2".to_owned(), "acct_b".to_owned()));
+    }
+
+    #[test]
+    fn no_store_named_means_the_embedded_store_in_data() {
+        let (_, choice) = Config::parse_with_store(["idemlog-server"]).expect("parse");
+        assert_eq!(choice, StoreChoice::Embedded(PathBuf::from("./data")));
+    }
+
+    #[test]
+    fn a_database_url_flag_chooses_postgres() {
+        let (_, choice) =
+            Config::parse_with_store(["idemlog-server", "--database-url", "postgres://db/x"])
+                .expect("parse");
+        assert_eq!(choice, StoreChoice::Postgres("postgres://db/x".into()));
+    }
+
+    #[test]
+    fn data_dir_and_database_url_flags_together_are_an_error_naming_both() {
+        let err = Config::parse_with_store([
+            "idemlog-server",
+            "--data-dir",
+            "/tmp/x",
+            "--database-url",
+            "postgres://db/x",
+        ])
+        .expect_err("both stores named");
+        let text = err.to_string();
+        assert!(
+            text.contains("--data-dir") && text.contains("--database-url"),
+            "{text}"
+        );
     }
 }

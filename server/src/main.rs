@@ -8,13 +8,12 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use idemlog::{Options, SystemClock};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacted_url};
 use idemlog_idempotency::{StoreError, StoreHandle};
 use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
-use idemlog_server::config::{Config, LogFormat, Switch};
+use idemlog_server::config::{Config, LogFormat, StoreChoice, Switch};
 use idemlog_server::router::{RouterConfig, Services, router};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
@@ -67,7 +66,8 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    let config = Config::parse();
+    let (config, store_choice) =
+        Config::parse_with_store(std::env::args_os()).unwrap_or_else(|e| e.exit());
     init_logging(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(config, store_choice)) {
         Ok(()) => {
             info!("shut down cleanly");
             ExitCode::SUCCESS
@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> Result<(), ServerError> {
+async fn run(config: Config, store_choice: StoreChoice) -> Result<(), ServerError> {
     let keys = ApiKeys::new(&config.api_keys).map_err(|e| ServerError::Config(e.to_string()))?;
     if keys.is_demo() {
         warn!(
@@ -110,10 +110,25 @@ async fn run(config: Config) -> Result<(), ServerError> {
         );
     }
 
-    let (store, max_value_bytes) = match &config.database_url {
-        Some(url) => (open_postgres(&config, url).await?, 4 << 20),
-        None => open_embedded(&config).await?,
+    let (store, max_value_bytes) = match &store_choice {
+        StoreChoice::Postgres(url) => {
+            if config.data_dir.is_some() {
+                info!("IDEMLOG_DATA_DIR ignored: --database-url chooses the PostgreSQL store");
+            }
+            (open_postgres(&config, url).await?, 4 << 20)
+        }
+        StoreChoice::Embedded(dir) => {
+            if config.database_url.is_some() {
+                info!("IDEMLOG_DATABASE_URL ignored: --data-dir chooses the embedded store");
+            }
+            open_embedded(&config, dir).await?
+        }
     };
+    info!(
+        backend = store.kind(),
+        "store chosen: the {} store serves every request",
+        store.kind()
+    );
 
     let app_config = RouterConfig {
         key_ttl: config.key_ttl,
@@ -177,24 +192,27 @@ async fn run(config: Config) -> Result<(), ServerError> {
 }
 
 /// The embedded store in `--data-dir` (the default), and the largest value it stores.
-async fn open_embedded(config: &Config) -> Result<(StoreHandle, usize), ServerError> {
+async fn open_embedded(
+    config: &Config,
+    data_dir: &std::path::Path,
+) -> Result<(StoreHandle, usize), ServerError> {
     let clock = Arc::new(SystemClock);
     let options = Options::default()
         .durability(config.engine_durability())
         .lease(config.lease)
         .clock(clock);
     let max_value_bytes = options.max_value_bytes;
-    let dir = config.data_dir.clone();
+    let dir = data_dir.to_path_buf();
     let embedded = tokio::task::spawn_blocking(move || EmbeddedBackend::open(&dir, options))
         .await?
         .map_err(|source| ServerError::Open {
-            dir: config.data_dir.display().to_string(),
+            dir: data_dir.display().to_string(),
             source,
         })?;
     if let Some(engine) = embedded.engine() {
         let report = engine.recovery_report();
         info!(
-            dir = %config.data_dir.display(),
+            dir = %data_dir.display(),
             segments = report.segments,
             frames = report.frames,
             operations = report.operations,

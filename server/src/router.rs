@@ -112,11 +112,22 @@ impl Services {
     }
 }
 
-/// `GET /healthz` and `GET /readyz`: 200 while the store serves, 503 problem+json (with
-/// `Retry-After`) while it is poisoned, being reopened or unreachable. The reason goes to the log,
-/// never to the client.
-async fn health(State(store): State<StoreHandle>) -> Response {
-    match store.health() {
+/// `GET /readyz`: 200 while the store serves, 503 problem+json (with `Retry-After`) while it is
+/// poisoned, being reopened or unreachable (for PostgreSQL: checked actively, so an idle instance
+/// turns 503 within seconds of an outage). The reason goes to the log, never to the client.
+async fn readiness(State(store): State<StoreHandle>) -> Response {
+    health_response(&store, store.health())
+}
+
+/// `GET /healthz`: liveness. 200 while the process works: for the embedded store (whose disk is
+/// part of the process) the same as `/readyz`; for PostgreSQL 200 even while the shared database
+/// is down, so that its outage does not get every instance restarted at once.
+async fn liveness(State(store): State<StoreHandle>) -> Response {
+    health_response(&store, store.liveness())
+}
+
+fn health_response(store: &StoreHandle, health: Health) -> Response {
+    match health {
         Health::Ready => "ok".into_response(),
         Health::Unavailable(reason) => {
             debug!(
@@ -172,11 +183,11 @@ pub fn router(services: &Services) -> Router {
     Router::new()
         .route(
             "/healthz",
-            get(health).with_state(Arc::clone(&services.store)),
+            get(liveness).with_state(Arc::clone(&services.store)),
         )
         .route(
             "/readyz",
-            get(health).with_state(Arc::clone(&services.store)),
+            get(readiness).with_state(Arc::clone(&services.store)),
         )
         .route(
             "/metrics",

@@ -174,6 +174,20 @@ impl Server {
     /// Starts the server with exactly these extra environment variables (every other `IDEMLOG_*`
     /// of the test process is removed).
     pub fn start_with(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut all: Vec<&std::ffi::OsStr> = vec!["--data-dir".as_ref(), data_dir.as_os_str()];
+        all.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+        Self::launch(&all, env)
+    }
+
+    /// Starts the server on the PostgreSQL database `url` (`--database-url`, no `--data-dir`) with
+    /// `args` and exactly these extra environment variables.
+    pub fn start_on_database(url: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut all: Vec<&std::ffi::OsStr> = vec!["--database-url".as_ref(), url.as_ref()];
+        all.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+        Self::launch(&all, env)
+    }
+
+    fn launch(args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Server {
         let mut command = Command::new(binary());
         for (name, _) in std::env::vars() {
             // DATABASE_URL too: CI exports it for the PostgreSQL tests, and a server meant to run on
@@ -187,8 +201,6 @@ impl Server {
             .envs(env.iter().copied())
             .arg("--listen")
             .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(data_dir)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -35,19 +35,15 @@ fn schema(test: &str) -> String {
 
 /// An instance on the shared database.
 fn instance(url: &str, schema: &str, args: &[&str]) -> Server {
-    let dir = TempDir::new("unused-data-dir");
     let mut all = vec!["--database-schema", schema];
     all.extend_from_slice(args);
-    Server::start_with(
-        dir.path(),
+    Server::start_on_database(
+        url,
         &all,
-        &[
-            (
-                "IDEMLOG_API_KEYS",
-                &format!("{KEY_A}={ACCOUNT_A},{KEY_B}={ACCOUNT_B}"),
-            ),
-            ("DATABASE_URL", url),
-        ],
+        &[(
+            "IDEMLOG_API_KEYS",
+            &format!("{KEY_A}={ACCOUNT_A},{KEY_B}={ACCOUNT_B}"),
+        )],
     )
 }
 

@@ -36,7 +36,7 @@ const IN_PROGRESS_DIGEST: u8 = 0x07;
 const COMPLETED_DIGEST: u8 = 0x08;
 
 /// Longest request digest a record carries (the server's per-member digests of a request).
-pub(crate) const MAX_DIGEST: usize = 8 * 1024;
+pub(crate) const MAX_DIGEST: usize = crate::limits::MAX_REQUEST_DIGEST;
 
 /// `expires_at` of a side record that never expires.
 pub(crate) const NEVER: u64 = u64::MAX;

@@ -4,6 +4,8 @@
 //! them next to its own:
 //! - `idempotency_requests_total{outcome}`: requests per outcome at the layer (labels in
 //!   [`Outcome`]), counted since the process started;
+//! - `idemlog_store_info{backend}`: 1, labelled with the store that serves (`embedded`,
+//!   `postgres`: [`IdempotencyStore::kind`]);
 //! - `idemlog_store_up`: 1 while the store serves ([`IdempotencyStore::health`]), 0 while it is
 //!   poisoned, being reopened or unreachable;
 //! - `idemlog_*`: the backend's own numbers ([`IdempotencyStore::gauges`]) and histograms
@@ -35,6 +37,7 @@ use crate::store::{Gauge, Health, HistogramMetric, IdempotencyStore};
 pub struct Snapshot {
     outcomes: Vec<(&'static str, u64)>,
     store_up: bool,
+    backend: Option<&'static str>,
     gauges: Vec<Gauge>,
     histograms: Vec<HistogramMetric>,
 }
@@ -48,6 +51,7 @@ impl Snapshot {
                 .map(|&o| (o.label(), counts.get(o)))
                 .collect(),
             store_up: store.health() == Health::Ready,
+            backend: Some(store.kind()),
             gauges: store.gauges().await,
             histograms: store.histograms(),
         }
@@ -66,6 +70,7 @@ impl Snapshot {
                 .map(|&o| (o.label(), counts.get(o)))
                 .collect(),
             store_up,
+            backend: None,
             gauges,
             histograms,
         }
@@ -99,6 +104,16 @@ impl Collector for Snapshot {
             MetricType::Gauge,
         )?;
         up.encode_gauge(&i64::from(self.store_up))?;
+        if let Some(backend) = self.backend {
+            let mut info = encoder.encode_descriptor(
+                "idemlog_store_info",
+                "1, labelled with the idempotency store that serves (embedded or postgres).",
+                None,
+                MetricType::Gauge,
+            )?;
+            let labels = [("backend", backend)];
+            info.encode_family(&labels)?.encode_gauge(&1i64)?;
+        }
         for gauge in &self.gauges {
             match gauge.name.strip_suffix("_total") {
                 Some(name) => encoder

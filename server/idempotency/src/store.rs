@@ -353,8 +353,17 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// The persisted value of a counter (never decreases).
     async fn counter(&self, name: &'static str) -> Result<u64, StoreError>;
 
-    /// Whether the backend is serving now. Cheap: no I/O.
+    /// Whether the backend is serving now (readiness). Cheap: no I/O.
     fn health(&self) -> Health;
+
+    /// Whether this process's own part of the store works (liveness). Cheap: no I/O. By default
+    /// the same as [`IdempotencyStore::health`] (an embedded store's disk is part of the process);
+    /// a backend whose state lives in a service shared by every instance answers
+    /// [`Health::Ready`] here, so that an outage of that service does not restart every instance
+    /// at once.
+    fn liveness(&self) -> Health {
+        self.health()
+    }
 
     /// Backend numbers for `/metrics`.
     async fn gauges(&self) -> Vec<Gauge>;

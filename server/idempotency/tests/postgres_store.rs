@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::database_url;
-use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacted_url};
+use idemlog_idempotency::backends::postgres::{PgConfig, PgError, PostgresBackend, redacted_url};
 use idemlog_idempotency::store::{
     Claim, Expiry, Fingerprint, Health, HeldClaim, IdempotencyStore, InsertOnce, KeyState,
     RecordWrite, StoreError, StoredResponse, Takeover,
@@ -66,6 +66,27 @@ impl Db {
         PostgresBackend::connect(self.config())
             .await
             .expect("connect")
+    }
+
+    /// `host:port` of the database.
+    fn target(&self) -> String {
+        let cfg: tokio_postgres::Config = self.url.parse().unwrap();
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        format!("127.0.0.1:{port}")
+    }
+
+    /// The database's URL with 127.0.0.1:`port` (a proxy) as its address.
+    fn url_via(&self, port: u16) -> String {
+        let cfg: tokio_postgres::Config = self.url.parse().unwrap();
+        let password = cfg
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        format!(
+            "postgres://{}{}@127.0.0.1:{port}/{}",
+            cfg.get_user().unwrap_or("postgres"),
+            password.map(|p| format!(":{p}")).unwrap_or_default(),
+            cfg.get_dbname().unwrap_or("postgres"),
+        )
     }
 
     async fn count(&self, table: &str) -> i64 {
@@ -157,8 +178,16 @@ async fn fresh_claim_acquires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_of_one_key_acquire_exactly_once() {
     let Some(db) = Db::new().await else { return };
-    // Two "instances", each with its own pool.
-    let stores = [db.store().await, db.store().await];
+    // Two "instances", each with its own pool, and a lease no claim outlives even on a loaded
+    // machine: this test is about concurrent claims, not takeovers.
+    let mut config = db.config();
+    config.lease = TTL;
+    let stores = [
+        PostgresBackend::connect(config.clone())
+            .await
+            .expect("connect"),
+        PostgresBackend::connect(config).await.expect("connect"),
+    ];
     let barrier = Arc::new(Barrier::new(32));
     let mut tasks = Vec::new();
     for i in 0..32 {
@@ -633,6 +662,41 @@ async fn schema_migration_run_concurrently_by_four_connects_is_safe() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_newer_than_this_build_is_refused_at_connect_naming_both_versions() {
+    let Some(db) = Db::new().await else { return };
+    db.store().await.close().await.unwrap();
+    let newer = idemlog_idempotency::backends::postgres::SCHEMA_VERSION + 1;
+    db.raw
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\".schema_migrations (version) VALUES ($1)",
+                db.schema
+            ),
+            &[&newer],
+        )
+        .await
+        .unwrap();
+    let err = match PostgresBackend::connect(db.config()).await {
+        Ok(_) => panic!("a build older than the schema connected"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, PgError::SchemaTooNew { found, known, .. }
+            if found == newer && known == newer - 1),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("version {newer}"))
+            && text.contains(&format!("version {}", newer - 1)),
+        "{text}"
+    );
+    // Nothing was migrated or recorded by the refused build.
+    assert_eq!(db.count("schema_migrations").await, i64::from(newer));
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_exhaustion_returns_unavailable_within_the_wait_timeout() {
     let Some(mut db) = Db::new().await else {
         return;
@@ -771,6 +835,55 @@ impl Proxy {
     fn restore(&self) {
         self.up.store(true, Ordering::SeqCst);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_is_unready_within_3s_of_an_outage_and_ready_within_3s_of_its_return() {
+    let Some(db) = Db::new().await else { return };
+    let proxy = Proxy::start(db.target()).await;
+    let mut config = db.config();
+    config.url = db.url_via(proxy.port);
+    config.connect_timeout = Duration::from_secs(1);
+    let store = PostgresBackend::connect(config).await.unwrap();
+    acquire(&store, "acct", "before", 1, TTL).await;
+    assert_eq!(store.health(), Health::Ready);
+    // Idle from here on: no call tells the store what happened.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    proxy.cut();
+    let cut = Instant::now();
+    while store.health() == Health::Ready {
+        assert!(
+            cut.elapsed() < Duration::from_secs(3),
+            "still ready {:?} after the outage",
+            cut.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Liveness does not follow the shared database.
+    assert_eq!(store.liveness(), Health::Ready);
+    let up = |gauges: Vec<idemlog_idempotency::store::Gauge>| {
+        gauges
+            .iter()
+            .find(|g| g.name == "idemlog_pg_up")
+            .map(|g| g.value)
+    };
+    assert_eq!(up(store.gauges().await), Some(0.0));
+
+    proxy.restore();
+    let restored = Instant::now();
+    while store.health() != Health::Ready {
+        assert!(
+            restored.elapsed() < Duration::from_secs(3),
+            "not ready {:?} after the database returned: {:?}",
+            restored.elapsed(),
+            store.health()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(up(store.gauges().await), Some(1.0));
+    store.close().await.unwrap();
+    db.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

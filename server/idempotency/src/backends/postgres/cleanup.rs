@@ -1,15 +1,15 @@
-//! Background work: deleting expired rows, and probing the database while it is unreachable.
+//! Background work: deleting expired rows.
 //!
-//! Both tasks hold only a weak reference to the store, so they end when it is dropped, and are
-//! aborted by [`super::PostgresBackend::close`]. Neither ever panics on a database error: it logs and tries
-//! again on its next tick.
+//! The task holds only a weak reference to the store, so it ends when the store is dropped, and is
+//! aborted by [`super::PostgresBackend::close`]. It never panics on a database error: it logs and
+//! tries again on its next tick.
 
 use std::sync::Weak;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use super::Inner;
+use super::store::Inner;
 
 /// What one cleanup pass deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,35 +43,6 @@ pub(super) async fn run(inner: Weak<Inner>, interval: Duration, batch: u32) {
             ),
             Ok(_) => debug!("cleanup: nothing expired"),
             Err(e) => warn!(error = %e, "cleanup failed; trying again next tick"),
-        }
-    }
-}
-
-/// While the store is marked down, probes the database every second and marks it up again once a
-/// `SELECT 1` succeeds.
-pub(super) async fn probe(inner: Weak<Inner>) {
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let Some(store) = inner.upgrade() else { return };
-        if !store.is_down() {
-            continue;
-        }
-        let result = tokio::time::timeout(Duration::from_secs(2), async {
-            let client = store.pool.get().await.map_err(|e| e.to_string())?;
-            client
-                .simple_query("SELECT 1")
-                .await
-                .map_err(|e| super::describe(&e))?;
-            Ok::<_, String>(())
-        })
-        .await
-        .unwrap_or_else(|_| Err("probe timed out".to_string()));
-        match result {
-            Ok(()) => {
-                store.mark_up();
-                info!("database reachable again");
-            }
-            Err(e) => debug!(error = %e, "database still unreachable"),
         }
     }
 }

@@ -104,6 +104,21 @@ pub enum PgError {
         /// The last error.
         reason: String,
     },
+    /// The schema was migrated by a newer build: this one refuses to serve tables it does not know.
+    #[error(
+        "schema {schema:?} in database {url} is at version {found}, newer than this build's \
+         version {known}: run a build that knows version {found} (or use another schema)"
+    )]
+    SchemaTooNew {
+        /// The redacted URL.
+        url: String,
+        /// The schema.
+        schema: String,
+        /// The schema's version in the database.
+        found: i32,
+        /// The newest version this build knows ([`super::SCHEMA_VERSION`]).
+        known: i32,
+    },
 }
 
 /// Checks that `schema` is a plain identifier, safe to quote into statements.

@@ -1,8 +1,9 @@
 //! Creating and migrating the schema at start-up, safely when several instances start at once.
 //!
 //! `CREATE SCHEMA IF NOT EXISTS`, then one transaction that creates `schema_migrations` if missing,
-//! reads the applied versions and applies the missing migrations (each `IF NOT EXISTS`), recording
-//! them. On PostgreSQL the transaction first takes a transaction-scoped advisory lock, so concurrent
+//! reads the applied versions (the schema's version is the newest of them) and applies the missing
+//! migrations in order (each `IF NOT EXISTS`), recording them. A schema newer than this build
+//! ([`SCHEMA_VERSION`]) is refused: an older binary must not serve tables it does not know. On PostgreSQL the transaction first takes a transaction-scoped advisory lock, so concurrent
 //! start-ups queue; on databases without advisory locks (CockroachDB, YugabyteDB) concurrent runs
 //! conflict instead, and the loser retries: serialization failures, deadlocks and the
 //! unique/duplicate-object violations that racing `IF NOT EXISTS` statements raise are retried a
@@ -97,22 +98,64 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// Why a migration did not complete.
+#[derive(Debug)]
+pub(crate) enum MigrateError {
+    /// The database refused or failed a statement (described in one line).
+    Db(String),
+    /// The schema is at `found`, newer than the `known` version of this build.
+    TooNew {
+        /// The schema's version (the newest applied migration).
+        found: i32,
+        /// [`SCHEMA_VERSION`].
+        known: i32,
+    },
+}
+
 /// Creates `schema` if needed and applies the missing migrations.
-pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), String> {
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), MigrateError> {
+    migrate_to(client, schema, SCHEMA_VERSION).await
+}
+
+/// Creates `schema` if needed and applies the missing migrations up to version `target`.
+pub(crate) async fn migrate_to(
+    client: &mut Client,
+    schema: &str,
+    target: i32,
+) -> Result<(), MigrateError> {
     let mut attempt = 0;
     loop {
-        match migrate_once(client, schema).await {
-            Err(e) if retryable(&e) && attempt + 1 < ATTEMPTS => {
+        match migrate_once(client, schema, target).await {
+            Err(Step::Db(e)) if retryable(&e) && attempt + 1 < ATTEMPTS => {
                 attempt += 1;
-                warn!(schema, attempt, error = %super::describe(&e), "schema migration raced another instance; retrying");
-                tokio::time::sleep(super::jitter(Duration::from_millis(20), attempt)).await;
+                warn!(schema, attempt, error = %super::error::describe(&e), "schema migration raced another instance; retrying");
+                tokio::time::sleep(super::error::jitter(Duration::from_millis(20), attempt)).await;
             }
-            other => return other.map_err(|e| super::describe(&e)),
+            Ok(()) => return Ok(()),
+            Err(Step::Db(e)) => return Err(MigrateError::Db(super::error::describe(&e))),
+            Err(Step::TooNew(found)) => {
+                return Err(MigrateError::TooNew {
+                    found,
+                    known: SCHEMA_VERSION,
+                });
+            }
         }
     }
 }
 
-async fn migrate_once(client: &mut Client, schema: &str) -> Result<(), tokio_postgres::Error> {
+/// How one run of the migration transaction failed.
+enum Step {
+    Db(tokio_postgres::Error),
+    TooNew(i32),
+}
+
+impl From<tokio_postgres::Error> for Step {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Step::Db(e)
+    }
+}
+
+async fn migrate_once(client: &mut Client, schema: &str, target: i32) -> Result<(), Step> {
     let s = format!("\"{schema}\"");
     let version: String = client.query_one("SELECT version()", &[]).await?.get(0);
     let advisory = version.starts_with("PostgreSQL") && !version.contains("-YB-");
@@ -137,8 +180,15 @@ async fn migrate_once(client: &mut Client, schema: &str) -> Result<(), tokio_pos
         .iter()
         .map(|r| r.get(0))
         .collect();
+    if let Some(&newest) = applied.iter().max().filter(|v| **v > SCHEMA_VERSION) {
+        tx.rollback().await?;
+        return Err(Step::TooNew(newest));
+    }
     let mut ran = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| m.version <= target && !applied.contains(&m.version))
+    {
         tx.batch_execute(&m.sql.replace("{s}", &s)).await?;
         tx.execute(
             &format!("INSERT INTO {s}.schema_migrations (version) VALUES ($1)"),
@@ -148,14 +198,6 @@ async fn migrate_once(client: &mut Client, schema: &str) -> Result<(), tokio_pos
         ran.push(m.version);
     }
     tx.commit().await?;
-    if let Some(newest) = applied.iter().max().filter(|v| **v > SCHEMA_VERSION) {
-        warn!(
-            schema,
-            newest,
-            known = SCHEMA_VERSION,
-            "the schema is newer than this build"
-        );
-    }
     if !ran.is_empty() {
         info!(schema, versions = ?ran, "schema migrated");
     }
@@ -170,4 +212,125 @@ fn lock_key(schema: &str) -> i64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h as i64
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each migration as a step from the previous version, on the database in `DATABASE_URL`
+    //! (skipped without one, unless `CI` or `IDEMLOG_REQUIRE_POSTGRES=1`).
+
+    use std::hash::{BuildHasher, Hasher};
+
+    use tokio_postgres::{Client, NoTls};
+
+    use super::*;
+
+    async fn client() -> Option<(Client, String)> {
+        let url = match std::env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ => {
+                let required = std::env::var_os("CI").is_some()
+                    || std::env::var("IDEMLOG_REQUIRE_POSTGRES").as_deref() == Ok("1");
+                assert!(!required, "DATABASE_URL is not set but required here");
+                eprintln!("SKIPPED: DATABASE_URL is not set");
+                return None;
+            }
+        };
+        let (client, conn) = tokio_postgres::connect(&url, NoTls)
+            .await
+            .expect("connect to DATABASE_URL");
+        tokio::spawn(conn);
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        Some((client, format!("m_{random:016x}")))
+    }
+
+    async fn versions(c: &Client, schema: &str) -> Vec<i32> {
+        c.query(
+            &format!("SELECT version FROM \"{schema}\".schema_migrations ORDER BY version"),
+            &[],
+        )
+        .await
+        .expect("read schema_migrations")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    }
+
+    async fn drop_schema(c: &Client, schema: &str) {
+        c.batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+            .await
+            .expect("drop schema");
+    }
+
+    #[tokio::test]
+    async fn version_1_creates_the_tables_on_an_empty_schema() {
+        let Some((mut c, schema)) = client().await else {
+            return;
+        };
+        migrate_to(&mut c, &schema, 1).await.expect("migrate to 1");
+        assert_eq!(versions(&c, &schema).await, [1]);
+        for table in ["keys", "records", "counters"] {
+            c.query(&format!("SELECT * FROM \"{schema}\".{table}"), &[])
+                .await
+                .unwrap_or_else(|e| panic!("{table}: {e}"));
+        }
+        c.query(&format!("SELECT nextval('\"{schema}\".fence_seq')"), &[])
+            .await
+            .expect("fence_seq");
+        drop_schema(&c, &schema).await;
+    }
+
+    #[tokio::test]
+    async fn version_2_from_version_1_adds_request_digests_and_counts_each_scopes_existing_keys() {
+        let Some((mut c, schema)) = client().await else {
+            return;
+        };
+        migrate_to(&mut c, &schema, 1).await.expect("migrate to 1");
+        for (scope, key) in [("acct_a", "k1"), ("acct_a", "k2"), ("acct_b", "k1")] {
+            c.execute(
+                &format!(
+                    "INSERT INTO \"{schema}\".keys (scope, key, fingerprint, fence, state, \
+                     expires_at, created_at) VALUES ($1, $2, '\\x00', 1, 1, now() + interval \
+                     '1 hour', now())"
+                ),
+                &[&scope, &key],
+            )
+            .await
+            .expect("a version-1 key row");
+        }
+        migrate_to(&mut c, &schema, 2).await.expect("migrate to 2");
+        assert_eq!(versions(&c, &schema).await, [1, 2]);
+        let counts: Vec<(String, i64)> = c
+            .query(
+                &format!("SELECT scope, live FROM \"{schema}\".scope_counts ORDER BY scope"),
+                &[],
+            )
+            .await
+            .expect("scope_counts")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(
+            counts,
+            [("acct_a".to_string(), 2), ("acct_b".to_string(), 1)]
+        );
+        let digests: i64 = c
+            .query_one(
+                &format!("SELECT count(*) FROM \"{schema}\".keys WHERE request_digest IS NULL"),
+                &[],
+            )
+            .await
+            .expect("request_digest column")
+            .get(0);
+        assert_eq!(digests, 3, "the old rows have no request digest");
+        drop_schema(&c, &schema).await;
+    }
+
+    #[test]
+    fn every_known_version_has_one_migration_in_order() {
+        let versions: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+        assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    }
 }

@@ -152,4 +152,20 @@ mod tests {
         assert_eq!(scrub("bad s3cret here", Some(b"s3cret")), "bad *** here");
         assert_eq!(scrub("nothing", None), "nothing");
     }
+
+    #[test]
+    fn a_multi_host_url_for_a_primary_with_a_standby_parses_and_hides_its_password() {
+        let url = "postgres://app:s3cret@db-a:5432,db-b:5433/payments?target_session_attrs=read-write&connect_timeout=2";
+        let parsed: tokio_postgres::Config = url.parse().expect("multi-host URL parses");
+        assert_eq!(parsed.get_hosts().len(), 2);
+        assert_eq!(parsed.get_ports(), [5432, 5433]);
+        assert_eq!(
+            parsed.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(
+            redacted_url(url),
+            "postgres://app:***@db-a:5432,db-b:5433/payments?target_session_attrs=read-write&connect_timeout=2"
+        );
+    }
 }

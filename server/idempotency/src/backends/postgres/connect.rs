@@ -1,0 +1,194 @@
+//! Connecting: the pool, the bounded start-up (connection attempts and migration under one
+//! deadline), and the background tasks a new store starts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{
+    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
+};
+use parking_lot::Mutex;
+use tokio_postgres::NoTls;
+use tracing::{info, warn};
+
+use super::codec::millis;
+use super::config::{self, PgConfig, PgError};
+use super::error::describe;
+use super::health::{self, DbState};
+use super::schema::MigrateError;
+use super::sql::Statements;
+use super::store::{Inner, PostgresBackend};
+use super::{latency, redacted_url, schema, url};
+
+/// Bound on all of [`PostgresBackend::connect`] (connection attempts and migration), so that a binary that
+/// cannot reach its database exits within 30 s.
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(25);
+
+impl PostgresBackend {
+    /// Connects (bounded: [`PgConfig::connect_attempts`] attempts of at most
+    /// [`PgConfig::connect_timeout`] each), creates or migrates the schema, and starts the
+    /// background cleanup ([`PgConfig::cleanup_interval`]) and the health probe. Errors name the
+    /// database by [`redacted_url`], never with its password.
+    pub async fn connect(config: PgConfig) -> Result<PostgresBackend, PgError> {
+        config::validate_schema(&config.schema)?;
+        if config.pool_size == 0 {
+            return Err(PgError::Config("pool_size must be at least 1".into()));
+        }
+        if config.lease < Duration::from_millis(1) {
+            return Err(PgError::Config("lease must be at least 1 ms".into()));
+        }
+        let shown = redacted_url(&config.url);
+        let mut pg: tokio_postgres::Config =
+            config
+                .url
+                .parse()
+                .map_err(|e: tokio_postgres::Error| PgError::Url {
+                    url: shown.clone(),
+                    reason: match std::error::Error::source(&e) {
+                        Some(cause) => url::scrub(&format!("{e}: {cause}"), None),
+                        None => e.to_string(),
+                    },
+                })?;
+        let password = pg.get_password().map(<[u8]>::to_vec);
+        let statement_ms = millis(config.statement_timeout).max(1);
+        let mut options = pg.get_options().unwrap_or_default().to_string();
+        if !options.is_empty() {
+            options.push(' ');
+        }
+        options.push_str(&format!(
+            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={}",
+            statement_ms.saturating_mul(2)
+        ));
+        pg.options(options)
+            .connect_timeout(config.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .tcp_user_timeout(config.statement_timeout + Duration::from_secs(5));
+        if pg.get_application_name().is_none() {
+            pg.application_name("idemlog");
+        }
+        let manager = Manager::from_config(
+            pg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(config.pool_wait_timeout))
+            .create_timeout(Some(config.connect_timeout + Duration::from_secs(1)))
+            .recycle_timeout(Some(config.connect_timeout))
+            .build()
+            .map_err(|e| PgError::Config(e.to_string()))?;
+
+        // Start-up: a bounded number of attempts, one second apart.
+        let scrub = |s: String| url::scrub(&s, password.as_deref());
+        let attempts = config.connect_attempts.max(1);
+        let mut client = None;
+        let mut last = String::new();
+        let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
+        for attempt in 1..=attempts {
+            let got = tokio::time::timeout_at(deadline, pool.get())
+                .await
+                .unwrap_or(Err(PoolError::Timeout(TimeoutType::Create)));
+            match got {
+                Ok(c) => {
+                    client = Some(c);
+                    break;
+                }
+                Err(e) => {
+                    let fatal = match &e {
+                        PoolError::Backend(db) => db.code().is_some_and(|c| {
+                            let c = c.code();
+                            c.starts_with("28") || c == "3D000"
+                        }),
+                        _ => false,
+                    };
+                    last = scrub(match &e {
+                        PoolError::Backend(db) => describe(db),
+                        PoolError::Timeout(_) => format!(
+                            "no connection within {} ms",
+                            config.connect_timeout.as_millis()
+                        ),
+                        other => other.to_string(),
+                    });
+                    warn!(database = %shown, attempt, attempts, error = %last, "cannot connect to the database");
+                    if fatal {
+                        break;
+                    }
+                    if attempt < attempts {
+                        if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        }
+        let Some(mut client) = client else {
+            pool.close();
+            return Err(PgError::Connect {
+                url: shown,
+                reason: last,
+            });
+        };
+        let migrated =
+            tokio::time::timeout_at(deadline, schema::migrate(&mut client, &config.schema))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(MigrateError::Db(format!(
+                        "not done within {} s",
+                        STARTUP_DEADLINE.as_secs()
+                    )))
+                });
+        match migrated {
+            Ok(()) => {}
+            Err(MigrateError::TooNew { found, known }) => {
+                pool.close();
+                return Err(PgError::SchemaTooNew {
+                    url: shown,
+                    schema: config.schema.clone(),
+                    found,
+                    known,
+                });
+            }
+            Err(MigrateError::Db(reason)) => {
+                pool.close();
+                return Err(PgError::Migrate {
+                    url: shown,
+                    schema: config.schema.clone(),
+                    reason: scrub(reason),
+                });
+            }
+        }
+        drop(client);
+        info!(database = %shown, schema = %config.schema, pool = config.pool_size, "PostgreSQL store ready");
+
+        let inner = Arc::new(Inner {
+            pool,
+            sql: Statements::new(&config.schema),
+            lease: config.lease,
+            lease_ms: millis(config.lease),
+            attempt_timeout: config.pool_wait_timeout
+                + config.connect_timeout
+                + config.statement_timeout
+                + Duration::from_secs(1),
+            pool_wait: config.pool_wait_timeout,
+            state: Arc::new(DbState::default()),
+            tasks: Mutex::new(Vec::new()),
+            password,
+            latency: latency::StatementLatency::default(),
+        });
+        let probe = tokio::spawn(health::probe(inner.pool.clone(), inner.state.clone()));
+        inner.tasks.lock().push(probe);
+        let store = PostgresBackend { inner };
+        if let Some(interval) = config.cleanup_interval {
+            store.spawn_cleanup(interval, config.cleanup_batch);
+        }
+        Ok(store)
+    }
+}

@@ -1,0 +1,513 @@
+//! [`PostgresBackend`] and its [`IdempotencyStore`] implementation: each call checks its input,
+//! then runs its statement (see [`super::sql`]) through [`Inner::with_retry`].
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Object, Pool};
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+
+use super::cleanup::{self, CleanupReport};
+use super::codec::{
+    MAX_NAMESPACE, MAX_REQUEST_DIGEST, MAX_SIDE_KEY, WriteArrays, check_key, check_response,
+    check_text, check_write, claim_outcome, encode_headers, expiry_params, fence_of, lease_lost,
+    millis, response_from, to_i64,
+};
+use super::error::{Fail, MAX_ATTEMPTS, jitter, retries, settle};
+use super::health::DbState;
+use super::latency;
+use super::sql::{IN_PROGRESS, Statements};
+use super::url;
+use crate::store::{
+    Claim, ClaimExtras, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
+    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
+};
+
+/// The PostgreSQL implementation of [`IdempotencyStore`]. Cheap to clone (one shared pool).
+#[derive(Clone)]
+pub struct PostgresBackend {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(super) pool: Pool,
+    pub(super) sql: Statements,
+    pub(super) lease: Duration,
+    pub(super) lease_ms: i64,
+    /// Client-side bound on one attempt of a call (pool wait, connect, statement).
+    pub(super) attempt_timeout: Duration,
+    pub(super) pool_wait: Duration,
+    /// Set when the last database interaction failed with a connection error.
+    pub(super) state: Arc<DbState>,
+    pub(super) tasks: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) password: Option<Vec<u8>>,
+    /// Statement latency for `/metrics`.
+    pub(super) latency: latency::StatementLatency,
+}
+
+impl PostgresBackend {
+    /// Starts a background task that deletes expired keys and records every `interval`, `batch`
+    /// rows per statement (`FOR UPDATE SKIP LOCKED`, so every instance may run one). It logs what it
+    /// deleted, survives database errors, and stops on [`IdempotencyStore::close`] or when the
+    /// store is dropped.
+    pub fn spawn_cleanup(&self, interval: Duration, batch: u32) {
+        let task = tokio::spawn(cleanup::run(
+            Arc::downgrade(&self.inner),
+            interval.max(Duration::from_millis(10)),
+            batch,
+        ));
+        self.inner.tasks.lock().push(task);
+    }
+
+    /// One cleanup pass now: deletes expired rows, `batch` per statement, until none are left (or
+    /// a pass-size cap is reached).
+    pub async fn cleanup_once(&self, batch: u32) -> Result<CleanupReport, StoreError> {
+        self.inner.cleanup_once(batch).await
+    }
+
+    /// The configured lease.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+}
+
+impl Inner {
+    /// Runs `attempt` with a pooled connection, retrying serialization failures, deadlocks and
+    /// stale reads a bounded number of times, and maps the outcome to the store's errors.
+    pub(super) async fn with_retry<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut attempt: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnMut(Object) -> Fut,
+        Fut: Future<Output = Result<T, Fail>>,
+    {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let result = tokio::time::timeout(self.attempt_timeout, async {
+                let client = self.pool.get().await.map_err(Fail::Pool)?;
+                let started = std::time::Instant::now();
+                let result = attempt(client).await;
+                self.latency.observe(what, started.elapsed());
+                result
+            })
+            .await
+            .unwrap_or(Err(Fail::TimedOut));
+            if retries(&result) && tries < MAX_ATTEMPTS {
+                tokio::time::sleep(jitter(Duration::from_millis(2), tries)).await;
+                continue;
+            }
+            return settle(what, result, &self.state, self.pool_wait, |s| {
+                url::scrub(&s, self.password.as_deref())
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for PostgresBackend {
+    async fn claim_with(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &Fingerprint,
+        ttl: Duration,
+        extras: &ClaimExtras,
+    ) -> Result<Claim, StoreError> {
+        check_key(scope, key)?;
+        let ttl_ms = millis(ttl);
+        if ttl_ms < 1 {
+            return Err(StoreError::Rejected("ttl must be at least 1 ms".into()));
+        }
+        if extras
+            .request_digest
+            .as_ref()
+            .is_some_and(|d| d.len() > MAX_REQUEST_DIGEST)
+        {
+            return Err(StoreError::Rejected(
+                "request digest longer than 8 KiB".into(),
+            ));
+        }
+        let inner = &*self.inner;
+        let fp: &[u8] = &fingerprint.0;
+        let digest: Option<&[u8]> = extras.request_digest.as_deref();
+        let max_live = to_i64(extras.max_live_keys.unwrap_or(0));
+        let lease_ms = inner.lease_ms;
+        // A claim refused by the quota first deletes the scope's expired keys (they still count
+        // until cleanup removes them) and, if that freed a place, tries once more.
+        let mut purged = false;
+        loop {
+            let outcome = inner
+                .with_retry("claim", |mut c| async move {
+                    let stmt = c.prepare_cached(&inner.sql.claim).await?;
+                    let tx = c.transaction().await?;
+                    let rows = tx
+                        .query(
+                            &stmt,
+                            &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
+                        )
+                        .await?;
+                    // No row: the key was written after this statement's snapshot; look again.
+                    let Some(row) = rows.first() else {
+                        tx.rollback().await?;
+                        return Err(Fail::Stale);
+                    };
+                    let acquired: bool = row.try_get("acquired")?;
+                    let inserted: bool =
+                        row.try_get::<_, Option<bool>>("inserted")?.unwrap_or(false);
+                    let bumped: bool = row.try_get::<_, Option<bool>>("bumped")?.unwrap_or(false);
+                    // The count went up exactly when a row was inserted, or the key changed
+                    // under the statement: undo and look again.
+                    if bumped != (acquired && inserted) {
+                        tx.rollback().await?;
+                        return Err(Fail::Stale);
+                    }
+                    tx.commit().await?;
+                    claim_outcome(row, scope, key)
+                })
+                .await?;
+            match outcome {
+                Claim::QuotaExceeded { .. } if !purged => {
+                    purged = true;
+                    let freed = inner
+                        .with_retry("claim", |c| async move {
+                            let stmt = c.prepare_cached(&inner.sql.purge_scope).await?;
+                            let row = c.query_one(&stmt, &[&scope]).await?;
+                            Ok(row.try_get::<_, i64>(0)?)
+                        })
+                        .await?;
+                    if freed == 0 {
+                        return Ok(outcome);
+                    }
+                }
+                outcome => return Ok(outcome),
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        token: &HeldClaim,
+        response: &StoredResponse,
+        records: &[RecordWrite],
+    ) -> Result<(), StoreError> {
+        check_response(response)?;
+        let arrays = &WriteArrays::new(records)?;
+        let headers = &encode_headers(&response.headers);
+        let body: &[u8] = &response.body;
+        let status = i32::from(response.status);
+        let fence = fence_of(token);
+        let (scope, key) = (token.scope.as_str(), token.key.as_str());
+        let inner = &*self.inner;
+        inner
+            .with_retry("complete", |mut c| async move {
+                let stmt = c.prepare_cached(&inner.sql.complete).await?;
+                let a = arrays;
+                let params: [&(dyn ToSql + Sync); 11] = [
+                    &scope,
+                    &key,
+                    &fence,
+                    &status,
+                    headers,
+                    &body,
+                    &a.ns,
+                    &a.keys,
+                    &a.values,
+                    &a.after_ms,
+                    &a.at_ms,
+                ];
+                if a.del_ns.is_empty() {
+                    // One statement: the response and the puts, or nothing.
+                    let row = c.query_one(&stmt, &params).await?;
+                    if row.try_get::<_, i64>(0)? == 0 {
+                        return Err(lease_lost(token));
+                    }
+                    return Ok(());
+                }
+                // With removals: the same statement, then the deletes, in one transaction.
+                let del = c.prepare_cached(&inner.sql.delete_records).await?;
+                let tx = c.transaction().await?;
+                let row = tx.query_one(&stmt, &params).await?;
+                if row.try_get::<_, i64>(0)? == 0 {
+                    tx.rollback().await?;
+                    return Err(lease_lost(token));
+                }
+                tx.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                tx.commit().await?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn release(&self, token: &HeldClaim) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let fence = fence_of(token);
+        let (scope, key) = (token.scope.as_str(), token.key.as_str());
+        inner
+            .with_retry("release", |c| async move {
+                let stmt = c.prepare_cached(&inner.sql.release).await?;
+                let row = c.query_one(&stmt, &[&scope, &key, &fence]).await?;
+                match row.try_get::<_, i64>(0)? {
+                    0 => Err(lease_lost(token)),
+                    _ => Ok(()),
+                }
+            })
+            .await
+    }
+
+    async fn extend(&self, token: &HeldClaim) -> Result<Duration, StoreError> {
+        let inner = &*self.inner;
+        let fence = fence_of(token);
+        let lease_ms = inner.lease_ms;
+        let (scope, key) = (token.scope.as_str(), token.key.as_str());
+        inner
+            .with_retry("extend", |c| async move {
+                let stmt = c.prepare_cached(&inner.sql.extend).await?;
+                match c.execute(&stmt, &[&scope, &key, &fence, &lease_ms]).await? {
+                    0 => Err(lease_lost(token)),
+                    _ => Ok(inner.lease),
+                }
+            })
+            .await
+    }
+
+    async fn get(&self, scope: &str, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        check_key(scope, key)?;
+        let inner = &*self.inner;
+        inner
+            .with_retry("get", |c| async move {
+                let stmt = c.prepare_cached(&inner.sql.get).await?;
+                let Some(row) = c.query_opt(&stmt, &[&scope, &key]).await? else {
+                    return Ok(None);
+                };
+                let fp: Vec<u8> = row.try_get("fingerprint")?;
+                let fingerprint = Fingerprint(fp.try_into().map_err(|_| {
+                    Fail::Store(StoreError::Internal(
+                        "stored fingerprint is not 32 bytes".into(),
+                    ))
+                })?);
+                let state = match row.try_get::<_, i16>("state")? {
+                    IN_PROGRESS => KeyState::InProgress {
+                        lease_left: Duration::from_millis(
+                            row.try_get::<_, Option<i64>>("lease_left_ms")?
+                                .unwrap_or(0)
+                                .max(0) as u64,
+                        ),
+                    },
+                    _ => KeyState::Completed(
+                        response_from(
+                            row.try_get("status")?,
+                            row.try_get("headers")?,
+                            row.try_get("body")?,
+                        )
+                        .map_err(Fail::Store)?,
+                    ),
+                };
+                Ok(Some(KeyRecord {
+                    fingerprint,
+                    fence: row.try_get::<_, i64>("fence")? as u64,
+                    created_at_ms: row.try_get::<_, i64>("created_ms")?.max(0) as u64,
+                    expires_at_ms: row.try_get::<_, i64>("expires_ms")?.max(0) as u64,
+                    state,
+                }))
+            })
+            .await
+    }
+
+    async fn record(&self, namespace: &str, key: &str) -> Result<Option<Bytes>, StoreError> {
+        check_text("record namespace", namespace, MAX_NAMESPACE)?;
+        check_text("record key", key, MAX_SIDE_KEY)?;
+        let inner = &*self.inner;
+        inner
+            .with_retry("record", |c| async move {
+                let stmt = c.prepare_cached(&inner.sql.record).await?;
+                let row = c.query_opt(&stmt, &[&namespace, &key]).await?;
+                Ok(match row {
+                    Some(row) => Some(Bytes::from(row.try_get::<_, Vec<u8>>(0)?)),
+                    None => None,
+                })
+            })
+            .await
+    }
+
+    async fn write_records(&self, writes: &[RecordWrite]) -> Result<(), StoreError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let arrays = &WriteArrays::new(writes)?;
+        let inner = &*self.inner;
+        inner
+            .with_retry("write_records", |mut c| async move {
+                let a = arrays;
+                let puts = c.prepare_cached(&inner.sql.write_puts).await?;
+                let del = c.prepare_cached(&inner.sql.delete_records).await?;
+                let put_params: [&(dyn ToSql + Sync); 5] =
+                    [&a.ns, &a.keys, &a.values, &a.after_ms, &a.at_ms];
+                match (a.ns.is_empty(), a.del_ns.is_empty()) {
+                    (false, true) => {
+                        c.query_one(&puts, &put_params).await?;
+                    }
+                    (true, false) => {
+                        c.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                    }
+                    _ => {
+                        let tx = c.transaction().await?;
+                        tx.query_one(&puts, &put_params).await?;
+                        tx.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                        tx.commit().await?;
+                    }
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn insert_once(
+        &self,
+        write: &RecordWrite,
+        counter: &'static str,
+    ) -> Result<InsertOnce, StoreError> {
+        check_write(write)?;
+        check_text("counter name", counter, MAX_NAMESPACE)?;
+        let Some(value) = write.value.as_deref() else {
+            return Err(StoreError::Rejected(
+                "insert_once needs a value, not a removal".into(),
+            ));
+        };
+        let (after, at) = expiry_params(write.expiry);
+        let (namespace, key) = (write.namespace, write.key.as_str());
+        let inner = &*self.inner;
+        inner
+            .with_retry("insert_once", |c| async move {
+                let stmt = c.prepare_cached(&inner.sql.insert_once).await?;
+                let row = c
+                    .query_one(&stmt, &[&namespace, &key, &value, &after, &at, &counter])
+                    .await?;
+                if row.try_get::<_, bool>("inserted")? {
+                    return Ok(InsertOnce::Inserted);
+                }
+                match row.try_get::<_, Option<Vec<u8>>>("existing")? {
+                    Some(v) => Ok(InsertOnce::Existing(Bytes::from(v))),
+                    // Not inserted, yet no live record in this statement's snapshot: a concurrent
+                    // insert committed after the snapshot, or the snapshot's record had expired
+                    // and another call replaced it. Look again.
+                    None => Err(Fail::Stale),
+                }
+            })
+            .await
+    }
+
+    async fn counter(&self, name: &'static str) -> Result<u64, StoreError> {
+        let inner = &*self.inner;
+        inner
+            .with_retry("counter", |c| async move {
+                let stmt = c.prepare_cached(&inner.sql.counter).await?;
+                let row = c.query_opt(&stmt, &[&name]).await?;
+                Ok(match row {
+                    Some(row) => row.try_get::<_, i64>(0)?.max(0) as u64,
+                    None => 0,
+                })
+            })
+            .await
+    }
+
+    /// The database is shared by every instance: its outage is not this process's failure.
+    fn liveness(&self) -> Health {
+        Health::Ready
+    }
+
+    fn health(&self) -> Health {
+        if self.inner.state.is_down() {
+            Health::Unavailable(self.inner.state.reason())
+        } else {
+            Health::Ready
+        }
+    }
+
+    async fn gauges(&self) -> Vec<Gauge> {
+        let status = self.inner.pool.status();
+        let mut gauges = vec![
+            Gauge {
+                name: "idemlog_pg_pool_max",
+                help: "Most pooled PostgreSQL connections.",
+                value: status.max_size as f64,
+            },
+            Gauge {
+                name: "idemlog_pg_pool_connections",
+                help: "Open pooled PostgreSQL connections.",
+                value: status.size as f64,
+            },
+            Gauge {
+                name: "idemlog_pg_pool_available",
+                help: "Idle pooled PostgreSQL connections.",
+                value: status.available as f64,
+            },
+            Gauge {
+                name: "idemlog_pg_pool_in_use",
+                help: "Pooled PostgreSQL connections in use.",
+                value: status.size.saturating_sub(status.available) as f64,
+            },
+            Gauge {
+                name: "idemlog_pg_pool_waiting",
+                help: "Calls waiting for a pooled PostgreSQL connection.",
+                value: status.waiting as f64,
+            },
+            Gauge {
+                name: "idemlog_pg_up",
+                help: "1 while the database answers, 0 after a connection failure or a failed \
+                       check (checked every second while no call succeeds).",
+                value: if self.inner.state.is_down() { 0.0 } else { 1.0 },
+            },
+        ];
+        // The planner's estimate of the keys table: cheap, never a scan; skipped when the database
+        // does not answer quickly.
+        let inner = &*self.inner;
+        let estimate = tokio::time::timeout(Duration::from_millis(500), async {
+            let c = inner.pool.get().await.ok()?;
+            let row = c.query_opt(&inner.sql.keys_estimate, &[]).await.ok()??;
+            row.try_get::<_, f64>(0).ok()
+        })
+        .await
+        .ok()
+        .flatten();
+        if let Some(value) = estimate {
+            gauges.push(Gauge {
+                name: "idemlog_pg_keys_estimate",
+                help: "Rows in the keys table (planner estimate, refreshed by ANALYZE).",
+                value,
+            });
+        }
+        gauges
+    }
+
+    fn histograms(&self) -> Vec<HistogramMetric> {
+        self.inner.latency.snapshot()
+    }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        for task in self.inner.tasks.lock().drain(..) {
+            task.abort();
+        }
+        self.inner.pool.close();
+        Ok(())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in self.tasks.get_mut().drain(..) {
+            task.abort();
+        }
+    }
+}
