@@ -4,12 +4,13 @@
 //! aborted by [`super::PostgresBackend::close`]. It never panics on a database error: it logs and
 //! tries again on its next tick.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use super::store::Inner;
+use super::store::{Inner, PostgresBackend};
+use crate::StoreError;
 
 /// What one cleanup pass deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,12 +48,30 @@ pub(super) async fn run(inner: Weak<Inner>, interval: Duration, batch: u32) {
     }
 }
 
+impl PostgresBackend {
+    /// Starts a background task that deletes expired keys and records every `interval`, `batch`
+    /// rows per statement (`FOR UPDATE SKIP LOCKED`, so every instance may run one). It logs what it
+    /// deleted, survives database errors, and stops on [`IdempotencyStore::close`] or when the
+    /// store is dropped.
+    pub fn spawn_cleanup(&self, interval: Duration, batch: u32) {
+        let task = tokio::spawn(run(
+            Arc::downgrade(&self.inner),
+            interval.max(Duration::from_millis(10)),
+            batch,
+        ));
+        self.inner.tasks.lock().push(task);
+    }
+
+    /// One cleanup pass now: deletes expired rows, `batch` per statement, until none are left (or
+    /// a pass-size cap is reached).
+    pub async fn cleanup_once(&self, batch: u32) -> Result<CleanupReport, StoreError> {
+        self.inner.cleanup_once(batch).await
+    }
+}
+
 impl Inner {
     /// Deletes expired keys and records in batches of `batch`.
-    pub(super) async fn cleanup_once(
-        &self,
-        batch: u32,
-    ) -> Result<CleanupReport, crate::StoreError> {
+    pub(super) async fn cleanup_once(&self, batch: u32) -> Result<CleanupReport, StoreError> {
         let mut report = CleanupReport::default();
         let limit = i64::from(batch.max(1));
         for (table, sql) in [

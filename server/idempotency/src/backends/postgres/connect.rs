@@ -14,9 +14,10 @@ use tracing::{info, warn};
 use super::codec::millis;
 use super::config::{self, PgConfig, PgError};
 use super::error::describe;
-use super::health::{self, DbState};
+use super::health;
 use super::schema::MigrateError;
 use super::sql::Statements;
+use super::state::DbState;
 use super::store::{Inner, PostgresBackend};
 use super::{latency, redacted_url, schema, url};
 

@@ -12,7 +12,7 @@ use deadpool_postgres::{PoolError, TimeoutType};
 use tokio_postgres::error::SqlState;
 use tracing::warn;
 
-use super::health::DbState;
+use super::state::DbState;
 use crate::store::StoreError;
 
 /// Attempts of one call when the database reports a serialization failure or deadlock, or a claim

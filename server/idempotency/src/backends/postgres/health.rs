@@ -1,7 +1,7 @@
 //! Whether the database answers: the store's up/down state and the probe that restores it.
 //!
 //! Readiness follows the database, also on an instance that serves no traffic: a call that fails
-//! with a connection error marks the store down ([`DbState::mark_down`]), any answer marks it up,
+//! with a connection error marks the store down (`DbState::mark_down`, in [`super::state`]), any answer marks it up,
 //! and [`probe`] checks the database actively every [`PROBE_INTERVAL`] with a `SELECT 1` bounded
 //! by [`PROBE_TIMEOUT`], so a database that stops (or stops answering) is seen within
 //! `PROBE_INTERVAL + PROBE_TIMEOUT` (2.5 s) and its return within about one interval. The check is
@@ -10,37 +10,18 @@
 //! store is closed or dropped.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use parking_lot::Mutex;
-use tracing::{debug, info, warn};
+use tracing::debug;
+
+use super::error::describe;
+use super::state::DbState;
 
 /// How often the probe checks the database when no call has shown it answering.
 pub(super) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest the probe waits for a connection and its `SELECT 1`.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
-
-/// Whether the database answered the last call or probe, and why not.
-pub(crate) struct DbState {
-    down: AtomicBool,
-    reason: Mutex<String>,
-    /// When the database last answered, in milliseconds since `epoch`.
-    last_ok_ms: AtomicU64,
-    epoch: Instant,
-}
-
-impl Default for DbState {
-    fn default() -> Self {
-        Self {
-            down: AtomicBool::new(false),
-            reason: Mutex::new(String::new()),
-            last_ok_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
-    }
-}
 
 /// Checks the database every [`PROBE_INTERVAL`] unless a call has just shown it answering: marks
 /// the store down when the check fails or outlives [`PROBE_TIMEOUT`], up when it succeeds.
@@ -57,7 +38,7 @@ pub(super) async fn probe(pool: Pool, state: Arc<DbState>) {
             client
                 .simple_query("SELECT 1")
                 .await
-                .map_err(|e| super::error::describe(&e))?;
+                .map_err(|e| describe(&e))?;
             Ok::<_, String>(())
         })
         .await
@@ -72,43 +53,5 @@ pub(super) async fn probe(pool: Pool, state: Arc<DbState>) {
             Err(e) if state.is_down() => debug!(error = %e, "database still unreachable"),
             Err(e) => state.mark_down(&format!("readiness check failed: {e}")),
         }
-    }
-}
-
-impl DbState {
-    pub(super) fn is_down(&self) -> bool {
-        self.down.load(Ordering::Acquire)
-    }
-
-    /// Whether the database answered a call or check in the last `within`.
-    fn answered_within(&self, within: Duration) -> bool {
-        let last = self.last_ok_ms.load(Ordering::Acquire);
-        last != 0 && self.now_ms().saturating_sub(last) < within.as_millis() as u64
-    }
-
-    fn now_ms(&self) -> u64 {
-        // At least 1, so that 0 means "never".
-        (self.epoch.elapsed().as_millis() as u64).max(1)
-    }
-
-    pub(super) fn mark_up(&self) {
-        self.last_ok_ms.store(self.now_ms(), Ordering::Release);
-        if self.down.swap(false, Ordering::AcqRel) {
-            info!("PostgreSQL store healthy again");
-        }
-    }
-
-    pub(super) fn mark_down(&self, reason: &str) {
-        *self.reason.lock() = reason.to_string();
-        if !self.down.swap(true, Ordering::AcqRel) {
-            warn!(
-                error = reason,
-                "PostgreSQL store unavailable: the database cannot be reached"
-            );
-        }
-    }
-
-    pub(super) fn reason(&self) -> String {
-        self.reason.lock().clone()
     }
 }

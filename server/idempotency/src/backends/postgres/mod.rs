@@ -15,7 +15,7 @@
 //! other database errors are [`StoreError::Internal`]. All times are the database's `now()`.
 //!
 //! Files: [`connect`] (pool and start-up), [`store`] (the calls), [`codec`] (rows and input
-//! checks), [`error`] (classification and the retry loop), [`health`] (up/down and its probe),
+//! checks), [`error`] (classification and the retry loop), [`health`] (the readiness probe), [`state`] (up/down),
 //! [`cleanup`], [`schema`] (migrations), [`sql`] (the statements), [`config`], [`url`] (redaction).
 
 mod cleanup;
@@ -27,6 +27,7 @@ mod health;
 mod latency;
 mod schema;
 mod sql;
+mod state;
 mod store;
 mod url;
 

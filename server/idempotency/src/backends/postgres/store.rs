@@ -12,16 +12,15 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 
-use super::cleanup::{self, CleanupReport};
 use super::codec::{
     MAX_NAMESPACE, MAX_REQUEST_DIGEST, MAX_SIDE_KEY, WriteArrays, check_key, check_response,
     check_text, check_write, claim_outcome, encode_headers, expiry_params, fence_of, lease_lost,
     millis, response_from, to_i64,
 };
 use super::error::{Fail, MAX_ATTEMPTS, jitter, retries, settle};
-use super::health::DbState;
 use super::latency;
 use super::sql::{IN_PROGRESS, Statements};
+use super::state::DbState;
 use super::url;
 use crate::store::{
     Claim, ClaimExtras, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
@@ -51,25 +50,6 @@ pub(crate) struct Inner {
 }
 
 impl PostgresBackend {
-    /// Starts a background task that deletes expired keys and records every `interval`, `batch`
-    /// rows per statement (`FOR UPDATE SKIP LOCKED`, so every instance may run one). It logs what it
-    /// deleted, survives database errors, and stops on [`IdempotencyStore::close`] or when the
-    /// store is dropped.
-    pub fn spawn_cleanup(&self, interval: Duration, batch: u32) {
-        let task = tokio::spawn(cleanup::run(
-            Arc::downgrade(&self.inner),
-            interval.max(Duration::from_millis(10)),
-            batch,
-        ));
-        self.inner.tasks.lock().push(task);
-    }
-
-    /// One cleanup pass now: deletes expired rows, `batch` per statement, until none are left (or
-    /// a pass-size cap is reached).
-    pub async fn cleanup_once(&self, batch: u32) -> Result<CleanupReport, StoreError> {
-        self.inner.cleanup_once(batch).await
-    }
-
     /// The configured lease.
     pub fn lease(&self) -> Duration {
         self.inner.lease
