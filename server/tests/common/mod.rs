@@ -261,23 +261,9 @@ pub async fn send(router: &Router, request: Request<Body>) -> Reply {
     }
 }
 
-/// The PostgreSQL URL, or `None` (with a printed skip line) where no database was set up. Where
-/// CI set one up (`CI`, or `IDEMLOG_REQUIRE_POSTGRES=1`), a missing URL fails the test instead.
-pub fn database_url() -> Option<String> {
-    match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            let required = std::env::var_os("CI").is_some()
-                || std::env::var("IDEMLOG_REQUIRE_POSTGRES").as_deref() == Ok("1");
-            assert!(
-                !required,
-                "DATABASE_URL is not set but the PostgreSQL tests are required here: \
-                 run them under scripts/pg-test-cluster"
-            );
-            eprintln!(
-                "SKIPPED on PostgreSQL: DATABASE_URL is not set (see scripts/pg-test-cluster)"
-            );
-            None
-        }
-    }
-}
+// One definition of where PostgreSQL tests find their database (and when a missing one fails
+// rather than skips), shared with the layer crate's tests.
+#[path = "../../idempotency/tests/common/mod.rs"]
+mod postgres_url;
+#[allow(unused_imports)] // not every test file that includes this fixture uses PostgreSQL
+pub use postgres_url::database_url;
