@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use idemlog_idempotency::FingerprintMode;
+use idemlog_idempotency::backends::postgres::Pooling;
 
 /// Flags of the `idemlog-server` binary.
 #[derive(Debug, Clone, Parser)]
@@ -41,6 +42,13 @@ pub struct Config {
     /// Most PostgreSQL connections this instance holds.
     #[arg(long, env = "IDEMLOG_DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: usize,
+
+    /// A connection pooler between this server and PostgreSQL: `transaction` for PgBouncer's
+    /// `pool_mode = transaction` (unnamed statements, no start-up options; set
+    /// `statement_timeout` on the role instead). A server that refuses the start-up options, as
+    /// PgBouncer does, is detected and switches to `transaction` with a warning.
+    #[arg(long, env = "IDEMLOG_DATABASE_POOLER", value_enum, default_value_t = PoolerArg::None)]
+    pub database_pooler: PoolerArg,
 
     /// Longest a request waits for a pooled PostgreSQL connection before it gets a 503.
     #[arg(long, env = "IDEMLOG_DATABASE_POOL_WAIT", default_value = "2s", value_parser = parse_positive_duration)]
@@ -170,6 +178,24 @@ impl From<FingerprintArg> for FingerprintMode {
         match arg {
             FingerprintArg::CanonicalJson => FingerprintMode::CanonicalJson,
             FingerprintArg::ExactBytes => FingerprintMode::ExactBytes,
+        }
+    }
+}
+
+/// `--database-pooler`: the command-line names of [`Pooling`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PoolerArg {
+    /// Direct connections, or a pooler in session mode.
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`).
+    Transaction,
+}
+
+impl From<PoolerArg> for Pooling {
+    fn from(arg: PoolerArg) -> Self {
+        match arg {
+            PoolerArg::None => Pooling::None,
+            PoolerArg::Transaction => Pooling::Transaction,
         }
     }
 }

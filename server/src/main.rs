@@ -241,7 +241,8 @@ async fn open_postgres(config: &Config, url: &str) -> Result<StoreHandle, Server
     let mut pg = PgConfig::new(url)
         .schema(config.database_schema.clone())
         .lease(config.lease)
-        .pool_size(config.database_pool_size);
+        .pool_size(config.database_pool_size)
+        .pooling(config.database_pooler.into());
     pg.pool_wait_timeout = config.database_pool_wait;
     let database = redacted_url(url);
     info!(%database, schema = %config.database_schema, "connecting to PostgreSQL");

@@ -4,6 +4,11 @@
 //! cargo test -p idemlog-server --test postgres_store`). Without it the tests print a skip line and
 //! pass, unless `CI` is set or `IDEMLOG_REQUIRE_POSTGRES=1`: then they fail. Each test works in a
 //! fresh schema `t_<random>`, dropped at its end.
+//!
+//! With `IDEMLOG_TEST_STORE_VIA_PGBOUNCER=1` the stores under test go through the PgBouncer in
+//! transaction mode that `scripts/pg-test-cluster` starts (`IDEMLOG_TEST_PGBOUNCER_URL`), with
+//! [`Pooling::Transaction`]; the raw connections that look behind their back stay direct. CI runs
+//! the suite both ways.
 
 mod common;
 
@@ -15,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::database_url;
-use idemlog_idempotency::backends::postgres::{PgConfig, PgError, PostgresBackend, redacted_url};
+use idemlog_idempotency::backends::postgres::{
+    PgConfig, PgError, Pooling, PostgresBackend, redacted_url,
+};
 use idemlog_idempotency::store::{
     Claim, Expiry, Fingerprint, Health, HeldClaim, IdempotencyStore, InsertOnce, KeyState,
     RecordWrite, StoreError, StoredResponse, Takeover,
@@ -40,6 +47,23 @@ struct Db {
     url: String,
     schema: String,
     raw: tokio_postgres::Client,
+    /// Where the stores connect, and how: the database itself, or PgBouncer in transaction mode.
+    store_url: String,
+    pooling: Pooling,
+}
+
+/// The PgBouncer URL when this run goes through it (see the module docs).
+fn via_pgbouncer() -> Option<String> {
+    if std::env::var("IDEMLOG_TEST_STORE_VIA_PGBOUNCER").as_deref() != Ok("1") {
+        return None;
+    }
+    match std::env::var("IDEMLOG_TEST_PGBOUNCER_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => panic!(
+            "IDEMLOG_TEST_STORE_VIA_PGBOUNCER=1 but IDEMLOG_TEST_PGBOUNCER_URL is not set \
+             (install pgbouncer; scripts/pg-test-cluster starts it)"
+        ),
+    }
 }
 
 impl Db {
@@ -50,14 +74,25 @@ impl Db {
             .await
             .expect("raw connection to DATABASE_URL");
         tokio::spawn(conn);
-        Some(Db { url, schema, raw })
+        let (store_url, pooling) = match via_pgbouncer() {
+            Some(pooler) => (pooler, Pooling::Transaction),
+            None => (url.clone(), Pooling::None),
+        };
+        Some(Db {
+            url,
+            schema,
+            raw,
+            store_url,
+            pooling,
+        })
     }
 
     fn config(&self) -> PgConfig {
-        let mut c = PgConfig::new(self.url.clone())
+        let mut c = PgConfig::new(self.store_url.clone())
             .schema(self.schema.clone())
             .lease(LEASE)
-            .pool_size(8);
+            .pool_size(8)
+            .pooling(self.pooling);
         c.cleanup_interval = None;
         c
     }

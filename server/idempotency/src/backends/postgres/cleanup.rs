@@ -74,22 +74,17 @@ impl Inner {
     pub(super) async fn cleanup_once(&self, batch: u32) -> Result<CleanupReport, StoreError> {
         let mut report = CleanupReport::default();
         let limit = i64::from(batch.max(1));
+        let pooling = self.pooling;
         for (table, sql) in [
             ("keys", &self.sql.cleanup_keys),
             ("records", &self.sql.cleanup_records),
         ] {
             for _ in 0..MAX_BATCHES_PER_PASS {
-                let counted = table == "keys";
                 let deleted = self
                     .with_retry("cleanup", |c| async move {
-                        let stmt = c.prepare_cached(sql).await?;
-                        if counted {
-                            // The keys statement also fixes the scopes' counts: it returns a count.
-                            let row = c.query_one(&stmt, &[&limit]).await?;
-                            Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
-                        } else {
-                            Ok(c.execute(&stmt, &[&limit]).await?)
-                        }
+                        // Both statements return the count of rows they deleted.
+                        let row = sql.query_one(&c, pooling, &[&limit]).await?;
+                        Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
                     })
                     .await?;
                 report.batches += 1;

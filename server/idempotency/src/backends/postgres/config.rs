@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::statement::Pooling;
+
 /// Settings of [`super::PostgresBackend::connect`]. Start from [`PgConfig::new`] and change what you need.
 #[derive(Debug, Clone)]
 pub struct PgConfig {
@@ -33,6 +35,11 @@ pub struct PgConfig {
     pub cleanup_interval: Option<Duration>,
     /// Rows deleted per cleanup statement. Default 500.
     pub cleanup_batch: u32,
+    /// Whether a pooler in transaction mode (PgBouncer `pool_mode = transaction`) sits in front
+    /// of the database. Default [`Pooling::None`]; a server that refuses the start-up `options`
+    /// parameter, as PgBouncer does, switches the store to [`Pooling::Transaction`] by itself,
+    /// with a warning.
+    pub pooling: Pooling,
 }
 
 impl PgConfig {
@@ -49,6 +56,7 @@ impl PgConfig {
             connect_attempts: 3,
             cleanup_interval: Some(Duration::from_secs(60)),
             cleanup_batch: 500,
+            pooling: Pooling::None,
         }
     }
 
@@ -61,6 +69,12 @@ impl PgConfig {
     /// Sets the lease.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Sets how statements reach the database (see [`Pooling`]).
+    pub fn pooling(mut self, pooling: Pooling) -> Self {
+        self.pooling = pooling;
         self
     }
 

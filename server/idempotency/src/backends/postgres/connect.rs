@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{
-    Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
 use parking_lot::Mutex;
-use tokio_postgres::NoTls;
+use tokio_postgres::{NoTls, SimpleQueryMessage};
 use tracing::{info, warn};
 
 use super::codec::millis;
@@ -18,6 +18,7 @@ use super::health;
 use super::schema::MigrateError;
 use super::sql::Statements;
 use super::state::DbState;
+use super::statement::Pooling;
 use super::store::{Inner, PostgresBackend};
 use super::{latency, redacted_url, schema, url};
 
@@ -51,92 +52,38 @@ impl PostgresBackend {
                     },
                 })?;
         let password = pg.get_password().map(<[u8]>::to_vec);
-        let statement_ms = millis(config.statement_timeout).max(1);
-        let mut options = pg.get_options().unwrap_or_default().to_string();
-        if !options.is_empty() {
-            options.push(' ');
-        }
-        options.push_str(&format!(
-            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={}",
-            statement_ms.saturating_mul(2)
-        ));
-        pg.options(options)
-            .connect_timeout(config.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(10))
-            .keepalives_interval(Duration::from_secs(2))
-            .keepalives_retries(3)
-            .tcp_user_timeout(config.statement_timeout + Duration::from_secs(5));
         if pg.get_application_name().is_none() {
             pg.application_name("idemlog");
         }
-        let manager = Manager::from_config(
-            pg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(config.pool_wait_timeout))
-            .create_timeout(Some(config.connect_timeout + Duration::from_secs(1)))
-            .recycle_timeout(Some(config.connect_timeout))
-            .build()
-            .map_err(|e| PgError::Config(e.to_string()))?;
-
-        // Start-up: a bounded number of attempts, one second apart.
         let scrub = |s: String| url::scrub(&s, password.as_deref());
-        let attempts = config.connect_attempts.max(1);
-        let mut client = None;
-        let mut last = String::new();
         let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
-        for attempt in 1..=attempts {
-            let got = tokio::time::timeout_at(deadline, pool.get())
-                .await
-                .unwrap_or(Err(PoolError::Timeout(TimeoutType::Create)));
-            match got {
-                Ok(c) => {
-                    client = Some(c);
-                    break;
+        let mut pooling = config.pooling;
+        let (pool, mut client) = loop {
+            let pool = build_pool(pg.clone(), &config, pooling)?;
+            match first_connection(&pool, &config, &shown, deadline, &scrub).await {
+                Ok(client) => break (pool, client),
+                Err(Refused::StartupOptions(_)) if pooling == Pooling::None => {
+                    pool.close();
+                    warn!(
+                        database = %shown,
+                        "the server refused the start-up parameter `options`, as PgBouncer does: \
+                         switching to pooler mode (unnamed statements, no session options); \
+                         set it explicitly to silence this (--database-pooler transaction)"
+                    );
+                    pooling = Pooling::Transaction;
                 }
-                Err(e) => {
-                    let fatal = match &e {
-                        PoolError::Backend(db) => db.code().is_some_and(|c| {
-                            let c = c.code();
-                            c.starts_with("28") || c == "3D000"
-                        }),
-                        _ => false,
-                    };
-                    last = scrub(match &e {
-                        PoolError::Backend(db) => describe(db),
-                        PoolError::Timeout(_) => format!(
-                            "no connection within {} ms",
-                            config.connect_timeout.as_millis()
-                        ),
-                        other => other.to_string(),
+                Err(Refused::StartupOptions(last) | Refused::Other(last)) => {
+                    pool.close();
+                    return Err(PgError::Connect {
+                        url: shown,
+                        reason: last,
                     });
-                    warn!(database = %shown, attempt, attempts, error = %last, "cannot connect to the database");
-                    if fatal {
-                        break;
-                    }
-                    if attempt < attempts {
-                        if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
                 }
             }
-        }
-        let Some(mut client) = client else {
-            pool.close();
-            return Err(PgError::Connect {
-                url: shown,
-                reason: last,
-            });
         };
+        if pooling == Pooling::Transaction {
+            warn_without_statement_timeout(&client, &shown).await;
+        }
         let migrated =
             tokio::time::timeout_at(deadline, schema::migrate(&mut client, &config.schema))
                 .await
@@ -167,11 +114,12 @@ impl PostgresBackend {
             }
         }
         drop(client);
-        info!(database = %shown, schema = %config.schema, pool = config.pool_size, "PostgreSQL store ready");
+        info!(database = %shown, schema = %config.schema, pool = config.pool_size, pooler = ?pooling, "PostgreSQL store ready");
 
         let inner = Arc::new(Inner {
             pool,
             sql: Statements::new(&config.schema),
+            pooling,
             lease: config.lease,
             lease_ms: millis(config.lease),
             attempt_timeout: config.pool_wait_timeout
@@ -191,5 +139,138 @@ impl PostgresBackend {
             store.spawn_cleanup(interval, config.cleanup_batch);
         }
         Ok(store)
+    }
+}
+
+/// Why the first connection failed.
+enum Refused {
+    /// The server (a pooler) refused the start-up parameter `options`.
+    StartupOptions(String),
+    Other(String),
+}
+
+/// The pool for `pg`. Under [`Pooling::None`] the session timeouts travel in the start-up
+/// `options`; a pooler in transaction mode refuses that parameter (and would hand the session's
+/// settings to other clients' transactions anyway), so under [`Pooling::Transaction`] they must
+/// be set on the role (README, "Through PgBouncer") and the client-side bound of every call
+/// remains.
+fn build_pool(
+    mut pg: tokio_postgres::Config,
+    config: &PgConfig,
+    pooling: Pooling,
+) -> Result<Pool, PgError> {
+    if pooling == Pooling::None {
+        let statement_ms = millis(config.statement_timeout).max(1);
+        let mut options = pg.get_options().unwrap_or_default().to_string();
+        if !options.is_empty() {
+            options.push(' ');
+        }
+        options.push_str(&format!(
+            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={}",
+            statement_ms.saturating_mul(2)
+        ));
+        pg.options(options);
+    }
+    pg.connect_timeout(config.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
+        .tcp_user_timeout(config.statement_timeout + Duration::from_secs(5));
+    let manager = Manager::from_config(
+        pg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(config.pool_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(config.pool_wait_timeout))
+        .create_timeout(Some(config.connect_timeout + Duration::from_secs(1)))
+        .recycle_timeout(Some(config.connect_timeout))
+        .build()
+        .map_err(|e| PgError::Config(e.to_string()))
+}
+
+/// The first connection: [`PgConfig::connect_attempts`] attempts one second apart, all before
+/// `deadline`. Authentication failures and a missing database end the attempts at once.
+async fn first_connection(
+    pool: &Pool,
+    config: &PgConfig,
+    shown: &str,
+    deadline: tokio::time::Instant,
+    scrub: &impl Fn(String) -> String,
+) -> Result<Object, Refused> {
+    let attempts = config.connect_attempts.max(1);
+    let mut last = String::new();
+    for attempt in 1..=attempts {
+        let got = tokio::time::timeout_at(deadline, pool.get())
+            .await
+            .unwrap_or(Err(PoolError::Timeout(TimeoutType::Create)));
+        let e = match got {
+            Ok(client) => return Ok(client),
+            Err(e) => e,
+        };
+        let fatal = match &e {
+            PoolError::Backend(db) => db.code().is_some_and(|c| {
+                let c = c.code();
+                c.starts_with("28") || c == "3D000"
+            }),
+            _ => false,
+        };
+        last = scrub(match &e {
+            PoolError::Backend(db) => describe(db),
+            PoolError::Timeout(_) => format!(
+                "no connection within {} ms",
+                config.connect_timeout.as_millis()
+            ),
+            other => other.to_string(),
+        });
+        if let PoolError::Backend(db) = &e
+            && refused_options(db)
+        {
+            return Err(Refused::StartupOptions(last));
+        }
+        warn!(database = %shown, attempt, attempts, error = %last, "cannot connect to the database");
+        if fatal {
+            break;
+        }
+        if attempt < attempts {
+            if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    Err(Refused::Other(last))
+}
+
+/// PgBouncer's answer to a start-up packet with `options`: "unsupported startup parameter: options".
+fn refused_options(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        db.message()
+            .to_ascii_lowercase()
+            .contains("unsupported startup parameter: options")
+    })
+}
+
+/// Through a pooler the start-up `options` cannot set the server-side timeouts: says so at
+/// start-up when the role or database does not set `statement_timeout` either.
+async fn warn_without_statement_timeout(client: &Object, shown: &str) {
+    let value = match client.simple_query("SHOW statement_timeout").await {
+        Ok(messages) => messages.into_iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        }),
+        Err(_) => None,
+    };
+    if value.as_deref() == Some("0") {
+        warn!(
+            database = %shown,
+            "no server-side statement_timeout through the pooler: set one on the role \
+             (ALTER ROLE ... SET statement_timeout = '5s'); calls stay bounded client-side"
+        );
     }
 }

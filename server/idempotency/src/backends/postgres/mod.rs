@@ -28,6 +28,7 @@ mod latency;
 mod schema;
 mod sql;
 mod state;
+mod statement;
 mod store;
 mod url;
 
@@ -35,5 +36,6 @@ pub use cleanup::CleanupReport;
 pub use config::{PgConfig, PgError};
 pub use connect::STARTUP_DEADLINE;
 pub use schema::SCHEMA_VERSION;
+pub use statement::Pooling;
 pub use store::PostgresBackend;
 pub use url::redacted_url;

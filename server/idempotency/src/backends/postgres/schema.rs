@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, GenericClient, SimpleQueryMessage};
 use tracing::{info, warn};
 
 /// One migration: its version and the statements it runs (with `{s}` for the quoted schema).
@@ -157,15 +157,24 @@ impl From<tokio_postgres::Error> for Step {
 
 async fn migrate_once(client: &mut Client, schema: &str, target: i32) -> Result<(), Step> {
     let s = format!("\"{schema}\"");
-    let version: String = client.query_one("SELECT version()", &[]).await?.get(0);
+    // Only the simple query protocol here: no named statement that a pooler in transaction mode
+    // could strand on another server connection (see `super::statement`).
+    let version = simple_column(client, "SELECT version()")
+        .await?
+        .into_iter()
+        .next()
+        .unwrap_or_default();
     let advisory = version.starts_with("PostgreSQL") && !version.contains("-YB-");
     client
         .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {s}"))
         .await?;
     let tx = client.transaction().await?;
     if advisory {
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(schema)])
-            .await?;
+        tx.batch_execute(&format!(
+            "SELECT pg_advisory_xact_lock({})",
+            lock_key(schema)
+        ))
+        .await?;
     }
     tx.batch_execute(&format!(
         "CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
@@ -174,12 +183,12 @@ async fn migrate_once(client: &mut Client, schema: &str, target: i32) -> Result<
          )"
     ))
     .await?;
-    let applied: Vec<i32> = tx
-        .query(&format!("SELECT version FROM {s}.schema_migrations"), &[])
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let applied: Vec<i32> =
+        simple_column(&tx, &format!("SELECT version FROM {s}.schema_migrations"))
+            .await?
+            .iter()
+            .filter_map(|v| v.parse().ok())
+            .collect();
     if let Some(&newest) = applied.iter().max().filter(|v| **v > SCHEMA_VERSION) {
         tx.rollback().await?;
         return Err(Step::TooNew(newest));
@@ -190,10 +199,10 @@ async fn migrate_once(client: &mut Client, schema: &str, target: i32) -> Result<
         .filter(|m| m.version <= target && !applied.contains(&m.version))
     {
         tx.batch_execute(&m.sql.replace("{s}", &s)).await?;
-        tx.execute(
-            &format!("INSERT INTO {s}.schema_migrations (version) VALUES ($1)"),
-            &[&m.version],
-        )
+        tx.batch_execute(&format!(
+            "INSERT INTO {s}.schema_migrations (version) VALUES ({})",
+            m.version
+        ))
         .await?;
         ran.push(m.version);
     }
@@ -202,6 +211,22 @@ async fn migrate_once(client: &mut Client, schema: &str, target: i32) -> Result<
         info!(schema, versions = ?ran, "schema migrated");
     }
     Ok(())
+}
+
+/// The first column of every row `query` returns, as text (simple query protocol).
+async fn simple_column(
+    client: &impl GenericClient,
+    query: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .simple_query(query)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect())
 }
 
 /// The advisory-lock key of a schema's migrations (FNV-1a of a fixed prefix and the name).

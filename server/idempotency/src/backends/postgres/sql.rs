@@ -2,7 +2,22 @@
 //!
 //! Key states: `state` 0 = in progress, 1 = completed. `takeover` records how the current claim
 //! came to be: 0 = fresh insert, 1 = replaced an expired record, 2 = took over a lease that ran out.
-//! Every time comes from the database's `now()`; epoch milliseconds are computed in SQL.
+//! Every time comes from the database's `now()`; epoch milliseconds are computed in SQL. Each
+//! statement carries its parameter types (see [`super::statement`] for why and how it is sent).
+
+use tokio_postgres::types::Type;
+
+use super::statement::Sql;
+
+const TEXT: Type = Type::TEXT;
+const BYTEA: Type = Type::BYTEA;
+const INT4: Type = Type::INT4;
+const INT8: Type = Type::INT8;
+const TEXTS: Type = Type::TEXT_ARRAY;
+const BYTEAS: Type = Type::BYTEA_ARRAY;
+const INT8S: Type = Type::INT8_ARRAY;
+/// The parameters of a batch of record puts: namespaces, keys, values, after-ms, at-ms.
+const PUTS: [Type; 5] = [TEXTS, TEXTS, BYTEAS, INT8S, INT8S];
 
 /// State value of an in-progress key.
 pub(crate) const IN_PROGRESS: i16 = 0;
@@ -25,20 +40,20 @@ fn expiry(after: &str, at: &str) -> String {
 
 /// All statements of one schema.
 pub(crate) struct Statements {
-    pub claim: String,
-    pub complete: String,
-    pub release: String,
-    pub extend: String,
-    pub get: String,
-    pub record: String,
-    pub write_puts: String,
-    pub delete_records: String,
-    pub insert_once: String,
-    pub counter: String,
-    pub cleanup_keys: String,
-    pub purge_scope: String,
-    pub cleanup_records: String,
-    pub keys_estimate: String,
+    pub claim: Sql,
+    pub complete: Sql,
+    pub release: Sql,
+    pub extend: Sql,
+    pub get: Sql,
+    pub record: Sql,
+    pub write_puts: Sql,
+    pub delete_records: Sql,
+    pub insert_once: Sql,
+    pub counter: Sql,
+    pub cleanup_keys: Sql,
+    pub purge_scope: Sql,
+    pub cleanup_records: Sql,
+    pub keys_estimate: Sql,
 }
 
 impl Statements {
@@ -73,7 +88,7 @@ impl Statements {
             // has reached $7, and only then is it inserted. The caller runs this in a transaction
             // and rolls it back when `bumped` and `inserted` disagree (a concurrent insert or
             // delete of the key between the snapshot and the upsert), so the count stays exact.
-            claim: format!(
+            claim: Sql::new(format!(
                 "WITH existing AS (
                    SELECT 1 FROM {s}.keys WHERE scope = $1 AND key = $2
                  ), bump AS (
@@ -135,10 +150,10 @@ impl Statements {
                  WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM bump)",
                 exp_ms = ms("k.expires_at"),
                 next_ms = "GREATEST(1, ceil(extract(epoch FROM (n.expires_at - now())) * 1000))::bigint",
-            ),
+            ), &[TEXT, TEXT, BYTEA, INT8, INT8, BYTEA, INT8]),
             // $1 scope: deletes the scope's expired keys and takes them off its count (a claim
             // refused by the quota does this before it answers 429).
-            purge_scope: format!(
+            purge_scope: Sql::new(format!(
                 "WITH gone AS (
                    DELETE FROM {s}.keys WHERE scope = $1 AND expires_at <= now() RETURNING 1
                  ), fix AS (
@@ -147,9 +162,9 @@ impl Statements {
                    RETURNING 1
                  )
                  SELECT count(*) FROM gone"
-            ),
+            ), &[TEXT]),
             // $1 scope, $2 key, $3 fence, $4 status, $5 headers, $6 body, $7..$11 put arrays.
-            complete: format!(
+            complete: Sql::new(format!(
                 "WITH done AS (
                    UPDATE {s}.keys SET state = {COMPLETED}, lease_until = NULL,
                                        status = $4, headers = $5, body = $6
@@ -159,9 +174,9 @@ impl Statements {
                  ), {records}
                  SELECT (SELECT count(*) FROM done) AS done",
                 records = puts_cte(7, "WHERE EXISTS (SELECT 1 FROM done)"),
-            ),
+            ), &[TEXT, TEXT, INT8, INT4, BYTEA, BYTEA, TEXTS, TEXTS, BYTEAS, INT8S, INT8S]),
             // $1 scope, $2 key, $3 fence.
-            release: format!(
+            release: Sql::new(format!(
                 "WITH gone AS (
                    DELETE FROM {s}.keys
                    WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
@@ -173,15 +188,16 @@ impl Statements {
                    RETURNING 1
                  )
                  SELECT count(*) FROM gone"
-            ),
+            ), &[TEXT, TEXT, INT8]),
             // $1 scope, $2 key, $3 fence, $4 lease ms.
-            extend: format!(
+            extend: Sql::new(format!(
                 "UPDATE {s}.keys SET lease_until = now() + $4::bigint * interval '1 millisecond'
                  WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
-                   AND expires_at > now()"
-            ),
+                   AND expires_at > now()
+                 RETURNING 1"
+            ), &[TEXT, TEXT, INT8, INT8]),
             // $1 scope, $2 key.
-            get: format!(
+            get: Sql::new(format!(
                 "SELECT k.fingerprint, k.fence, {exp_ms} AS expires_ms, {created_ms} AS created_ms,
                         k.state,
                         {lease_left} AS lease_left_ms, k.status, k.headers, k.body
@@ -189,25 +205,25 @@ impl Statements {
                  WHERE k.scope = $1 AND k.key = $2 AND k.expires_at > now()",
                 exp_ms = ms("k.expires_at"),
                 created_ms = ms("k.created_at"),
-            ),
+            ), &[TEXT, TEXT]),
             // $1 namespace, $2 key.
-            record: format!(
+            record: Sql::new(format!(
                 "SELECT value FROM {s}.records
                  WHERE namespace = $1 AND key = $2 AND (expires_at IS NULL OR expires_at > now())"
-            ),
+            ), &[TEXT, TEXT]),
             // $1..$5 put arrays.
-            write_puts: format!(
+            write_puts: Sql::new(format!(
                 "WITH {records} SELECT count(*) FROM puts",
                 records = puts_cte(1, ""),
-            ),
+            ), &PUTS),
             // $1 namespaces, $2 keys.
-            delete_records: format!(
+            delete_records: Sql::new(format!(
                 "DELETE FROM {s}.records r
                  USING unnest($1::text[], $2::text[]) AS d(ns, k)
                  WHERE r.namespace = d.ns AND r.key = d.k"
-            ),
+            ), &[TEXTS, TEXTS]),
             // $1 namespace, $2 key, $3 value, $4 after ms, $5 at ms, $6 counter.
-            insert_once: format!(
+            insert_once: Sql::new(format!(
                 "WITH ins AS (
                    INSERT INTO {s}.records AS r (namespace, key, value, expires_at)
                    VALUES ($1, $2, $3, {exp})
@@ -226,11 +242,10 @@ impl Statements {
                          WHERE r.namespace = $1 AND r.key = $2
                            AND (r.expires_at IS NULL OR r.expires_at > now())) AS existing",
                 exp = expiry("$4::bigint", "$5::bigint"),
-            ),
-            counter: format!("SELECT value FROM {s}.counters WHERE name = $1"),
-            // $1 batch size.
+            ), &[TEXT, TEXT, BYTEA, INT8, INT8, TEXT]),
+            counter: Sql::new(format!("SELECT value FROM {s}.counters WHERE name = $1"), &[TEXT]),
             // $1 batch size. Returns the rows deleted; takes them off their scopes' counts.
-            cleanup_keys: format!(
+            cleanup_keys: Sql::new(format!(
                 "WITH gone AS (
                    DELETE FROM {s}.keys
                    WHERE (scope, key) IN (
@@ -246,19 +261,24 @@ impl Statements {
                    RETURNING 1
                  )
                  SELECT count(*) FROM gone"
-            ),
-            cleanup_records: format!(
-                "DELETE FROM {s}.records
-                 WHERE (namespace, key) IN (
-                   SELECT namespace, key FROM {s}.records
-                   WHERE expires_at IS NOT NULL AND expires_at <= now()
-                   LIMIT $1 FOR UPDATE SKIP LOCKED)
-                   AND expires_at IS NOT NULL AND expires_at <= now()"
-            ),
-            keys_estimate: format!(
+            ), &[INT8]),
+            // $1 batch size. Returns the rows deleted.
+            cleanup_records: Sql::new(format!(
+                "WITH gone AS (
+                   DELETE FROM {s}.records
+                   WHERE (namespace, key) IN (
+                     SELECT namespace, key FROM {s}.records
+                     WHERE expires_at IS NOT NULL AND expires_at <= now()
+                     LIMIT $1 FOR UPDATE SKIP LOCKED)
+                     AND expires_at IS NOT NULL AND expires_at <= now()
+                   RETURNING 1
+                 )
+                 SELECT count(*) FROM gone"
+            ), &[INT8]),
+            keys_estimate: Sql::new(format!(
                 "SELECT GREATEST(reltuples, 0)::float8 FROM pg_catalog.pg_class
                  WHERE oid = to_regclass('{s}.keys')"
-            ),
+            ), &[]),
         }
     }
 }

@@ -21,6 +21,7 @@ use super::error::{Fail, MAX_ATTEMPTS, jitter, retries, settle};
 use super::latency;
 use super::sql::{IN_PROGRESS, Statements};
 use super::state::DbState;
+use super::statement::Pooling;
 use super::url;
 use crate::store::{
     Claim, ClaimExtras, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
@@ -36,6 +37,8 @@ pub struct PostgresBackend {
 pub(crate) struct Inner {
     pub(super) pool: Pool,
     pub(super) sql: Statements,
+    /// How statements are sent (see [`super::statement`]).
+    pub(super) pooling: Pooling,
     pub(super) lease: Duration,
     pub(super) lease_ms: i64,
     /// Client-side bound on one attempt of a call (pool wait, connect, statement).
@@ -126,11 +129,13 @@ impl IdempotencyStore for PostgresBackend {
         loop {
             let outcome = inner
                 .with_retry("claim", |mut c| async move {
-                    let stmt = c.prepare_cached(&inner.sql.claim).await?;
                     let tx = c.transaction().await?;
-                    let rows = tx
+                    let rows = inner
+                        .sql
+                        .claim
                         .query(
-                            &stmt,
+                            &tx,
+                            inner.pooling,
                             &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
                         )
                         .await?;
@@ -158,8 +163,11 @@ impl IdempotencyStore for PostgresBackend {
                     purged = true;
                     let freed = inner
                         .with_retry("claim", |c| async move {
-                            let stmt = c.prepare_cached(&inner.sql.purge_scope).await?;
-                            let row = c.query_one(&stmt, &[&scope]).await?;
+                            let row = inner
+                                .sql
+                                .purge_scope
+                                .query_one(&c, inner.pooling, &[&scope])
+                                .await?;
                             Ok(row.try_get::<_, i64>(0)?)
                         })
                         .await?;
@@ -188,7 +196,7 @@ impl IdempotencyStore for PostgresBackend {
         let inner = &*self.inner;
         inner
             .with_retry("complete", |mut c| async move {
-                let stmt = c.prepare_cached(&inner.sql.complete).await?;
+                let (complete, pooling) = (&inner.sql.complete, inner.pooling);
                 let a = arrays;
                 let params: [&(dyn ToSql + Sync); 11] = [
                     &scope,
@@ -205,21 +213,24 @@ impl IdempotencyStore for PostgresBackend {
                 ];
                 if a.del_ns.is_empty() {
                     // One statement: the response and the puts, or nothing.
-                    let row = c.query_one(&stmt, &params).await?;
+                    let row = complete.query_one(&c, pooling, &params).await?;
                     if row.try_get::<_, i64>(0)? == 0 {
                         return Err(lease_lost(token));
                     }
                     return Ok(());
                 }
                 // With removals: the same statement, then the deletes, in one transaction.
-                let del = c.prepare_cached(&inner.sql.delete_records).await?;
                 let tx = c.transaction().await?;
-                let row = tx.query_one(&stmt, &params).await?;
+                let row = complete.query_one(&tx, pooling, &params).await?;
                 if row.try_get::<_, i64>(0)? == 0 {
                     tx.rollback().await?;
                     return Err(lease_lost(token));
                 }
-                tx.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                inner
+                    .sql
+                    .delete_records
+                    .query(&tx, pooling, &[&a.del_ns, &a.del_keys])
+                    .await?;
                 tx.commit().await?;
                 Ok(())
             })
@@ -232,8 +243,11 @@ impl IdempotencyStore for PostgresBackend {
         let (scope, key) = (token.scope.as_str(), token.key.as_str());
         inner
             .with_retry("release", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.release).await?;
-                let row = c.query_one(&stmt, &[&scope, &key, &fence]).await?;
+                let row = inner
+                    .sql
+                    .release
+                    .query_one(&c, inner.pooling, &[&scope, &key, &fence])
+                    .await?;
                 match row.try_get::<_, i64>(0)? {
                     0 => Err(lease_lost(token)),
                     _ => Ok(()),
@@ -249,10 +263,14 @@ impl IdempotencyStore for PostgresBackend {
         let (scope, key) = (token.scope.as_str(), token.key.as_str());
         inner
             .with_retry("extend", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.extend).await?;
-                match c.execute(&stmt, &[&scope, &key, &fence, &lease_ms]).await? {
-                    0 => Err(lease_lost(token)),
-                    _ => Ok(inner.lease),
+                let extended = inner
+                    .sql
+                    .extend
+                    .query_opt(&c, inner.pooling, &[&scope, &key, &fence, &lease_ms])
+                    .await?;
+                match extended {
+                    None => Err(lease_lost(token)),
+                    Some(_) => Ok(inner.lease),
                 }
             })
             .await
@@ -263,8 +281,12 @@ impl IdempotencyStore for PostgresBackend {
         let inner = &*self.inner;
         inner
             .with_retry("get", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.get).await?;
-                let Some(row) = c.query_opt(&stmt, &[&scope, &key]).await? else {
+                let found = inner
+                    .sql
+                    .get
+                    .query_opt(&c, inner.pooling, &[&scope, &key])
+                    .await?;
+                let Some(row) = found else {
                     return Ok(None);
                 };
                 let fp: Vec<u8> = row.try_get("fingerprint")?;
@@ -307,8 +329,11 @@ impl IdempotencyStore for PostgresBackend {
         let inner = &*self.inner;
         inner
             .with_retry("record", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.record).await?;
-                let row = c.query_opt(&stmt, &[&namespace, &key]).await?;
+                let row = inner
+                    .sql
+                    .record
+                    .query_opt(&c, inner.pooling, &[&namespace, &key])
+                    .await?;
                 Ok(match row {
                     Some(row) => Some(Bytes::from(row.try_get::<_, Vec<u8>>(0)?)),
                     None => None,
@@ -326,21 +351,25 @@ impl IdempotencyStore for PostgresBackend {
         inner
             .with_retry("write_records", |mut c| async move {
                 let a = arrays;
-                let puts = c.prepare_cached(&inner.sql.write_puts).await?;
-                let del = c.prepare_cached(&inner.sql.delete_records).await?;
+                let (puts, del, pooling) = (
+                    &inner.sql.write_puts,
+                    &inner.sql.delete_records,
+                    inner.pooling,
+                );
                 let put_params: [&(dyn ToSql + Sync); 5] =
                     [&a.ns, &a.keys, &a.values, &a.after_ms, &a.at_ms];
+                let del_params: [&(dyn ToSql + Sync); 2] = [&a.del_ns, &a.del_keys];
                 match (a.ns.is_empty(), a.del_ns.is_empty()) {
                     (false, true) => {
-                        c.query_one(&puts, &put_params).await?;
+                        puts.query_one(&c, pooling, &put_params).await?;
                     }
                     (true, false) => {
-                        c.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                        del.query(&c, pooling, &del_params).await?;
                     }
                     _ => {
                         let tx = c.transaction().await?;
-                        tx.query_one(&puts, &put_params).await?;
-                        tx.execute(&del, &[&a.del_ns, &a.del_keys]).await?;
+                        puts.query_one(&tx, pooling, &put_params).await?;
+                        del.query(&tx, pooling, &del_params).await?;
                         tx.commit().await?;
                     }
                 }
@@ -366,9 +395,14 @@ impl IdempotencyStore for PostgresBackend {
         let inner = &*self.inner;
         inner
             .with_retry("insert_once", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.insert_once).await?;
-                let row = c
-                    .query_one(&stmt, &[&namespace, &key, &value, &after, &at, &counter])
+                let row = inner
+                    .sql
+                    .insert_once
+                    .query_one(
+                        &c,
+                        inner.pooling,
+                        &[&namespace, &key, &value, &after, &at, &counter],
+                    )
                     .await?;
                 if row.try_get::<_, bool>("inserted")? {
                     return Ok(InsertOnce::Inserted);
@@ -388,8 +422,11 @@ impl IdempotencyStore for PostgresBackend {
         let inner = &*self.inner;
         inner
             .with_retry("counter", |c| async move {
-                let stmt = c.prepare_cached(&inner.sql.counter).await?;
-                let row = c.query_opt(&stmt, &[&name]).await?;
+                let row = inner
+                    .sql
+                    .counter
+                    .query_opt(&c, inner.pooling, &[&name])
+                    .await?;
                 Ok(match row {
                     Some(row) => row.try_get::<_, i64>(0)?.max(0) as u64,
                     None => 0,
@@ -451,7 +488,12 @@ impl IdempotencyStore for PostgresBackend {
         let inner = &*self.inner;
         let estimate = tokio::time::timeout(Duration::from_millis(500), async {
             let c = inner.pool.get().await.ok()?;
-            let row = c.query_opt(&inner.sql.keys_estimate, &[]).await.ok()??;
+            let row = inner
+                .sql
+                .keys_estimate
+                .query_opt(&c, inner.pooling, &[])
+                .await
+                .ok()??;
             row.try_get::<_, f64>(0).ok()
         })
         .await
