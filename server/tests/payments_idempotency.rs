@@ -880,3 +880,42 @@ async fn a_store_reopened_onto_a_still_full_disk_is_not_ready_until_it_can_write
     let after = t.pay(KEY_A, "order-1", BODY).await;
     assert_eq!(after.status, StatusCode::CREATED, "{after:?}");
 }
+
+#[tokio::test]
+async fn a_disk_with_room_for_less_than_a_full_record_keeps_the_store_unready() {
+    let t = TestApp::new();
+    assert_eq!(
+        t.pay(KEY_A, "order-0", BODY).await.status,
+        StatusCode::CREATED
+    );
+    // 256 bytes left: less than one payment writes, more than a token write needs. A healer that
+    // proved itself with a small write would call this store ready, fail the next payment, and
+    // alternate between serving and 503 for as long as the disk stays full.
+    t.fs.set_capacity(Some(t.fs.used_bytes() + 256));
+    let failed = t.pay(KEY_A, "order-1", BODY).await;
+    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE, "{failed:?}");
+    // Several reopen attempts (100, 200, 400, 800 ms apart): none may declare the store ready.
+    let watch_until = tokio::time::Instant::now() + Duration::from_millis(1600);
+    while tokio::time::Instant::now() < watch_until {
+        let ready = t.get(KEY_A, "/readyz").await;
+        assert_eq!(
+            ready.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ready on a disk with {} bytes free",
+            256
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Space is freed: the store heals by itself and the payment goes through.
+    t.fs.set_capacity(None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while t.get(KEY_A, "/readyz").await.status != StatusCode::OK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the store did not heal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = t.pay(KEY_A, "order-1", BODY).await;
+    assert_eq!(after.status, StatusCode::CREATED, "{after:?}");
+}

@@ -289,6 +289,54 @@ fn the_database_going_away_under_load_gives_503s_then_service_with_nothing_lost(
 }
 
 #[test]
+fn an_idle_instance_is_unready_but_live_while_the_database_is_down() {
+    let Some(url) = database_url() else { return };
+    let (head, tail) = url.rsplit_once('@').expect("URL with credentials");
+    let (hostport, db) = tail.split_once('/').expect("URL with a database");
+    let relay = Relay::start(hostport.to_owned());
+    let relayed = format!("{head}@127.0.0.1:{}/{db}", relay.port);
+    let server = instance(&relayed, &schema("liveness"), &[]);
+    assert_eq!(server.get(None, "/readyz").status, 200);
+
+    // No request is sent: readiness must follow the database on its own, within 3 s.
+    relay.cut();
+    let cut_at = Instant::now();
+    while server.get(None, "/readyz").status != 503 {
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(3),
+            "readyz still 200 {:?} after the database went away",
+            cut_at.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Liveness is the process's: a shared database's outage must not make every instance's
+    // liveness probe fail (and get every instance restarted at once).
+    for _ in 0..10 {
+        let live = server.get(None, "/healthz");
+        assert_eq!(live.status, 200, "healthz during the outage: {live:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let metrics = server.get(None, "/metrics").text();
+    let up = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("idemlog_pg_up "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert_eq!(up, Some(0.0), "{metrics}");
+
+    relay.restore();
+    let restored_at = Instant::now();
+    while server.get(None, "/readyz").status != 200 {
+        assert!(
+            restored_at.elapsed() < Duration::from_secs(3),
+            "readyz still 503 {:?} after the database returned",
+            restored_at.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.get(None, "/healthz").status, 200);
+}
+
+#[test]
 fn without_a_reachable_database_the_server_exits_non_zero_naming_it_without_the_password() {
     // A port nobody listens on: bind one, then free it.
     let port = TcpListener::bind("127.0.0.1:0")

@@ -103,6 +103,8 @@ struct FsState {
     fail_sync_at: Option<u64>,
     fail_write_at: Option<u64>,
     crash_after: Option<u64>,
+    /// Size of the disk: writes that would grow the files past it fail (see `set_capacity`).
+    capacity: Option<u64>,
 }
 
 #[derive(Default, Clone)]
@@ -148,6 +150,17 @@ fn not_found(path: &Path) -> io::Error {
 }
 
 impl FsState {
+    /// Bytes of every file that has a name, as `set_capacity` counts them (a removed file's
+    /// space counts as freed at once, open handles or not).
+    fn used_bytes(&self) -> u64 {
+        let named: BTreeSet<u64> = self.names.values().copied().collect();
+        named
+            .iter()
+            .filter_map(|id| self.inodes.get(id))
+            .map(|i| i.data.len() as u64)
+            .sum()
+    }
+
     /// Counts a mutating call and fails it once the crash point has passed.
     fn mutate(&mut self, generation: u64) -> io::Result<()> {
         if generation != self.generation {
@@ -246,6 +259,18 @@ impl FaultyStorage {
     pub fn fail_write_after(&self, n: u64) {
         let mut s = self.state.lock();
         s.fail_write_at = Some(s.writes + n);
+    }
+
+    /// Makes the disk `bytes` big (`None`: unbounded, the default): a write that would grow the
+    /// files' total size past it fails with `StorageFull` and writes nothing, as on a full disk,
+    /// until space is freed or the capacity is raised.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.state.lock().capacity = bytes;
+    }
+
+    /// Bytes the files take now (every file's current length, synced or not).
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used_bytes()
     }
 
     /// Lets `n` more mutating calls (write, fdatasync, truncate, create, rename, remove, directory sync)
@@ -606,6 +631,16 @@ impl StorageFile for FaultyFile {
             ));
         }
         self.fault(&mut s, FaultOp::Write)?;
+        if let Some(capacity) = s.capacity {
+            let current = self.inode(&mut s)?.data.len() as u64;
+            let growth = (offset + data.len() as u64).saturating_sub(current);
+            if s.used_bytes() + growth > capacity {
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "injected fault: no space left on the disk",
+                ));
+            }
+        }
         let inode = self.inode(&mut s)?;
         write_into(&mut inode.data, offset, data);
         inode.unsynced.push(Change::Write {

@@ -3,7 +3,7 @@
 //! An I/O failure poisons the engine (after a failed fsync the kernel may have dropped dirty pages),
 //! and a poisoned store refuses all work. The healer closes it, then reopens the directory (full
 //! recovery from the log, as at start-up) with capped exponential backoff until it opens *and*
-//! takes a small synced probe write. Invariants: one healer at a time (`healing`); none after
+//! takes a synced probe write as large as the largest record a request writes. Invariants: one healer at a time (`healing`); none after
 //! `close`; the old store is closed before a new one is opened, and an open that fails because
 //! straggling handles still hold the directory lock is simply retried.
 
@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
 use idemlog::{Options, SideWrite, Store};
 use tracing::{error, info, warn};
 
@@ -107,17 +108,37 @@ impl EmbeddedBackend {
     }
 }
 
-/// Namespace of the record the healer writes to prove the store can write again.
+/// Namespace of the records the healer writes to prove the store can write again.
 const PROBE_NAMESPACE: &str = "idemlog.health";
 
-/// Opens the directory and proves it can take a durable write: opening alone needs no free space,
-/// so a store reopened onto a disk that is still full would be declared healthy and fail again at
-/// the next request. The probe overwrites one small record, so it leaves no growing garbage.
+/// Room for what a request writes beside its largest response body: headers, the request
+/// digest, the business records of its completion, and frame overhead.
+const PROBE_HEADROOM: usize = 64 * 1024;
+
+/// Opens the directory and proves it can take a durable write as large as the largest a request
+/// makes: opening alone needs no free space, and a probe smaller than a real record passes on a
+/// disk with a few bytes free, so the store would be declared healthy, fail the next request
+/// that writes a full-size response, and alternate between serving and 503. The probe writes
+/// one record of [`Options::max_value_bytes`] (the largest stored response) plus
+/// [`PROBE_HEADROOM`], syncs, then removes both records, so it leaves no live data behind (its
+/// bytes are garbage for compaction).
 fn open_and_probe(dir: &Path, options: Options) -> idemlog::Result<Store> {
-    let now_ms = options.clock.now_ms();
+    let body = Bytes::from(vec![0u8; options.max_value_bytes]);
+    let headroom = Bytes::from(vec![0u8; PROBE_HEADROOM.min(options.max_value_bytes)]);
     let store = Store::open(dir, options)?;
-    let probe = SideWrite::put(PROBE_NAMESPACE, "write-probe", now_ms.to_string());
-    match store.side_write(&[probe]).and_then(|()| store.sync()) {
+    let probe = [
+        SideWrite::put(PROBE_NAMESPACE, "write-probe", body),
+        SideWrite::put(PROBE_NAMESPACE, "write-probe-headroom", headroom),
+    ];
+    let cleanup = [
+        SideWrite::remove(PROBE_NAMESPACE, "write-probe"),
+        SideWrite::remove(PROBE_NAMESPACE, "write-probe-headroom"),
+    ];
+    let proved = store
+        .side_write(&probe)
+        .and_then(|()| store.sync())
+        .and_then(|()| store.side_write(&cleanup));
+    match proved {
         Ok(()) => Ok(store),
         Err(e) => {
             // The probe's failure is the news; closing a store that just failed can only fail too.
