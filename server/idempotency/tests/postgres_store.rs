@@ -250,6 +250,60 @@ async fn concurrent_claims_of_one_key_acquire_exactly_once() {
     db.drop_schema().await;
 }
 
+/// Racing first claims of the same new keys: every loser's statement saw no row, counted the key,
+/// then met the winner's insert. The count must still equal the rows (the claim's guard rolls the
+/// loser's count back), or the quota would drift with every race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_first_claims_keep_the_scopes_key_count_exact() {
+    let Some(db) = Db::new().await else { return };
+    let mut config = db.config();
+    config.lease = TTL;
+    let stores = [
+        PostgresBackend::connect(config.clone())
+            .await
+            .expect("connect"),
+        PostgresBackend::connect(config).await.expect("connect"),
+    ];
+    for round in 0..8 {
+        let barrier = Arc::new(Barrier::new(16));
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = stores[i % 2].clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let key = format!("race-{round}-{}", i % 4);
+                store.claim("acct", &key, &fp(7), TTL).await.unwrap()
+            }));
+        }
+        let mut acquired = 0;
+        for t in tasks {
+            if let Claim::Acquired(_) = t.await.unwrap() {
+                acquired += 1;
+            }
+        }
+        assert_eq!(acquired, 4, "round {round}: one claim per key");
+    }
+    let live: i64 = db
+        .raw
+        .query_one(
+            &format!(
+                "SELECT live FROM \"{}\".scope_counts WHERE scope = 'acct'",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, db.count("keys").await);
+    assert_eq!(live, 32);
+    for s in &stores {
+        s.close().await.unwrap();
+    }
+    db.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completed_key_replays_the_stored_response_byte_for_byte() {
     let Some(db) = Db::new().await else { return };

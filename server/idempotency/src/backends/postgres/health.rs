@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
+use deadpool_postgres::{Pool, PoolError, TimeoutType};
 use tracing::debug;
 
 use super::error::describe;
@@ -34,12 +34,18 @@ pub(super) async fn probe(pool: Pool, state: Arc<DbState>) {
             continue;
         }
         let result = tokio::time::timeout(PROBE_TIMEOUT, async {
-            let client = pool.get().await.map_err(|e| e.to_string())?;
+            let client = match pool.get().await {
+                Ok(client) => client,
+                // Every connection is busy with calls: a saturated pool is not a dead database,
+                // and those calls mark the store down themselves if the database fails them.
+                Err(PoolError::Timeout(TimeoutType::Wait)) => return Ok(false),
+                Err(e) => return Err(e.to_string()),
+            };
             client
                 .simple_query("SELECT 1")
                 .await
                 .map_err(|e| describe(&e))?;
-            Ok::<_, String>(())
+            Ok::<_, String>(true)
         })
         .await
         .unwrap_or_else(|_| {
@@ -49,7 +55,8 @@ pub(super) async fn probe(pool: Pool, state: Arc<DbState>) {
             ))
         });
         match result {
-            Ok(()) => state.mark_up(),
+            Ok(true) => state.mark_up(),
+            Ok(false) => debug!("readiness check skipped: every pooled connection is in use"),
             Err(e) if state.is_down() => debug!(error = %e, "database still unreachable"),
             Err(e) => state.mark_down(&format!("readiness check failed: {e}")),
         }

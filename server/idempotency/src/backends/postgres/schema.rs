@@ -75,10 +75,20 @@ const MIGRATIONS: &[Migration] = &[
             ON CONFLICT (scope) DO UPDATE SET live = EXCLUDED.live;
     ",
     },
+    // Issue 22: counters spread over stripes (`sql::COUNTER_STRIPES` rows per name, summed on
+    // read), so concurrent charges do not all update one row. The existing row becomes stripe 0.
+    Migration {
+        version: 3,
+        sql: "
+        ALTER TABLE {s}.counters ADD COLUMN IF NOT EXISTS stripe smallint NOT NULL DEFAULT 0;
+        ALTER TABLE {s}.counters DROP CONSTRAINT IF EXISTS counters_pkey;
+        ALTER TABLE {s}.counters ADD CONSTRAINT counters_pkey PRIMARY KEY (name, stripe);
+    ",
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 const ATTEMPTS: u32 = 8;
 
@@ -350,6 +360,39 @@ mod tests {
             .expect("request_digest column")
             .get(0);
         assert_eq!(digests, 3, "the old rows have no request digest");
+        drop_schema(&c, &schema).await;
+    }
+
+    #[tokio::test]
+    async fn version_3_from_version_2_stripes_the_counters_and_keeps_their_values() {
+        let Some((mut c, schema)) = client().await else {
+            return;
+        };
+        migrate_to(&mut c, &schema, 2).await.expect("migrate to 2");
+        c.batch_execute(&format!(
+            "INSERT INTO \"{schema}\".counters (name, value) VALUES ('charges', 41)"
+        ))
+        .await
+        .expect("a version-2 counter");
+        migrate_to(&mut c, &schema, 3).await.expect("migrate to 3");
+        assert_eq!(versions(&c, &schema).await, [1, 2, 3]);
+        // The old value is stripe 0; another stripe of the same name is now a row of its own.
+        c.batch_execute(&format!(
+            "INSERT INTO \"{schema}\".counters (name, stripe, value) VALUES ('charges', 5, 1)"
+        ))
+        .await
+        .expect("a second stripe");
+        let total: i64 = c
+            .query_one(
+                &format!(
+                    "SELECT sum(value)::bigint FROM \"{schema}\".counters WHERE name = 'charges'"
+                ),
+                &[],
+            )
+            .await
+            .expect("sum")
+            .get(0);
+        assert_eq!(total, 42);
         drop_schema(&c, &schema).await;
     }
 

@@ -19,6 +19,9 @@ const INT8S: Type = Type::INT8_ARRAY;
 /// The parameters of a batch of record puts: namespaces, keys, values, after-ms, at-ms.
 const PUTS: [Type; 5] = [TEXTS, TEXTS, BYTEAS, INT8S, INT8S];
 
+/// Rows each counter is spread over (see `insert_once`).
+pub(crate) const COUNTER_STRIPES: i16 = 16;
+
 /// State value of an in-progress key.
 pub(crate) const IN_PROGRESS: i16 = 0;
 /// State value of a completed key.
@@ -54,6 +57,7 @@ pub(crate) struct Statements {
     pub purge_scope: Sql,
     pub cleanup_records: Sql,
     pub keys_estimate: Sql,
+    pub flush_wal: Sql,
 }
 
 impl Statements {
@@ -84,10 +88,31 @@ impl Statements {
             // $1 scope, $2 key, $3 fingerprint, $4 ttl ms, $5 lease ms, $6 request digest (or
             // NULL), $7 most live keys of the scope (0: no limit).
             //
+            // One statement in its own implicit transaction, so the rows it locks (the key's, and
+            // the scope's count row that every new key of the scope updates) are held only while
+            // it runs, never across a round trip.
+            //
             // A key with no row is new: `bump` adds it to the scope's row count, unless the count
-            // has reached $7, and only then is it inserted. The caller runs this in a transaction
-            // and rolls it back when `bumped` and `inserted` disagree (a concurrent insert or
-            // delete of the key between the snapshot and the upsert), so the count stays exact.
+            // has reached $7, and only then is it inserted. The count stays exact: the `guard`
+            // row divides by zero, which aborts the statement and rolls the count back, when
+            // `bumped` and `inserted` disagree (a concurrent insert or delete of the key between
+            // the snapshot and the upsert); the caller then runs it again (SQLSTATE 22012 is
+            // read as "stale" for this statement only). The guard's columns are selected, so the
+            // planner cannot drop them, and it is the left side of a LEFT JOIN, so it is
+            // evaluated even when the answer has no row.
+            //
+            // Durability: the statement sets `synchronous_commit = off` for its own transaction
+            // (`set_config(..., true)` is transaction-local), so the claim commits without
+            // waiting for its WAL flush. This is safe because WAL is flushed in order: the
+            // request that made the claim answers only after its `complete` or `release`, whose
+            // synchronous commit flushes every earlier commit record too, the claim's included.
+            // A crash before that can lose the claim (and the provider's charge record, written
+            // the same way), together with a request that never got an answer: the key then runs
+            // again, and the provider's record of the downstream key is gone with it, so nothing
+            // is charged twice. An answer that shows a claim in progress or a mismatch is sent
+            // only after the caller has forced a flush (`flush_wal`), so nobody acts on a claim
+            // a crash could take back. Completed records are written by synchronous commits and
+            // are visible only once durable.
             claim: Sql::new(format!(
                 "WITH existing AS (
                    SELECT 1 FROM {s}.keys WHERE scope = $1 AND key = $2
@@ -122,32 +147,38 @@ impl Statements {
                              -- The insert path writes takeover 0, the update path 1 or 2: a
                              -- portable way to tell them apart (no xmax).
                              (k.takeover = 0) AS inserted
+                 ), answer AS (
+                   SELECT true AS acquired, fence, takeover, expires_ms,
+                          NULL::bool AS same_fp, NULL::smallint AS state, NULL::bigint AS lease_left_ms,
+                          NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body,
+                          NULL::bool AS takeable, NULL::bytea AS request_digest,
+                          false AS quota_full, NULL::bigint AS next_expiry_ms
+                   FROM claimed
+                   UNION ALL
+                   SELECT false, k.fence, NULL, {exp_ms}, k.fingerprint = $3, k.state, {lease_left},
+                          k.status,
+                          CASE WHEN k.fingerprint = $3 THEN k.headers END,
+                          CASE WHEN k.fingerprint = $3 THEN k.body END,
+                          (k.expires_at <= now()
+                           OR (k.state = {IN_PROGRESS} AND k.lease_until <= now() AND k.fingerprint = $3)),
+                          CASE WHEN k.fingerprint <> $3 THEN k.request_digest END,
+                          false, NULL
+                   FROM {s}.keys k
+                   WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
+                   UNION ALL
+                   SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                          true,
+                          (SELECT {next_ms} FROM {s}.keys n
+                           WHERE n.scope = $1 AND n.expires_at > now()
+                           ORDER BY n.expires_at LIMIT 1)
+                   WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM bump)
                  )
-                 SELECT true AS acquired, fence, takeover, expires_ms,
-                        NULL::bool AS same_fp, NULL::smallint AS state, NULL::bigint AS lease_left_ms,
-                        NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body,
-                        NULL::bool AS takeable, NULL::bytea AS request_digest, inserted,
-                        EXISTS (SELECT 1 FROM bump) AS bumped, false AS quota_full,
-                        NULL::bigint AS next_expiry_ms
-                 FROM claimed
-                 UNION ALL
-                 SELECT false, k.fence, NULL, {exp_ms}, k.fingerprint = $3, k.state, {lease_left},
-                        k.status,
-                        CASE WHEN k.fingerprint = $3 THEN k.headers END,
-                        CASE WHEN k.fingerprint = $3 THEN k.body END,
-                        (k.expires_at <= now()
-                         OR (k.state = {IN_PROGRESS} AND k.lease_until <= now() AND k.fingerprint = $3)),
-                        CASE WHEN k.fingerprint <> $3 THEN k.request_digest END,
-                        false, EXISTS (SELECT 1 FROM bump), false, NULL
-                 FROM {s}.keys k
-                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
-                 UNION ALL
-                 SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                        false, false, true,
-                        (SELECT {next_ms} FROM {s}.keys n
-                         WHERE n.scope = $1 AND n.expires_at > now()
-                         ORDER BY n.expires_at LIMIT 1)
-                 WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM bump)",
+                 SELECT g.async_commit, g.consistent, a.*
+                 FROM (SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+                              1 / CASE WHEN EXISTS (SELECT 1 FROM bump)
+                                          = EXISTS (SELECT 1 FROM claimed WHERE inserted)
+                                       THEN 1 ELSE 0 END AS consistent) g
+                 LEFT JOIN answer a ON true",
                 exp_ms = ms("k.expires_at"),
                 next_ms = "GREATEST(1, ceil(extract(epoch FROM (n.expires_at - now())) * 1000))::bigint",
             ), &[TEXT, TEXT, BYTEA, INT8, INT8, BYTEA, INT8]),
@@ -223,6 +254,12 @@ impl Statements {
                  WHERE r.namespace = d.ns AND r.key = d.k"
             ), &[TEXTS, TEXTS]),
             // $1 namespace, $2 key, $3 value, $4 after ms, $5 at ms, $6 counter.
+            //
+            // Commits without waiting for its WAL flush, like `claim` and for the same reason:
+            // the provider's record is written inside a request that answers only after a
+            // synchronous `complete` or `release`. The counter is striped over
+            // `COUNTER_STRIPES` rows chosen at random, so concurrent charges do not queue on one
+            // row; `counter` sums the stripes.
             insert_once: Sql::new(format!(
                 "WITH ins AS (
                    INSERT INTO {s}.records AS r (namespace, key, value, expires_at)
@@ -232,18 +269,27 @@ impl Statements {
                    WHERE r.expires_at IS NOT NULL AND r.expires_at <= now()
                    RETURNING 1
                  ), bump AS (
-                   INSERT INTO {s}.counters AS c (name, value)
-                   SELECT $6::text, 1 FROM ins
-                   ON CONFLICT (name) DO UPDATE SET value = c.value + 1
+                   INSERT INTO {s}.counters AS c (name, stripe, value)
+                   SELECT $6::text, floor(random() * {COUNTER_STRIPES})::smallint, 1 FROM ins
+                   ON CONFLICT (name, stripe) DO UPDATE SET value = c.value + 1
                    RETURNING c.value
                  )
-                 SELECT EXISTS (SELECT 1 FROM ins) AS inserted,
+                 SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+                        EXISTS (SELECT 1 FROM ins) AS inserted,
+                        EXISTS (SELECT 1 FROM bump) AS counted,
                         (SELECT r.value FROM {s}.records r
                          WHERE r.namespace = $1 AND r.key = $2
                            AND (r.expires_at IS NULL OR r.expires_at > now())) AS existing",
                 exp = expiry("$4::bigint", "$5::bigint"),
             ), &[TEXT, TEXT, BYTEA, INT8, INT8, TEXT]),
-            counter: Sql::new(format!("SELECT value FROM {s}.counters WHERE name = $1"), &[TEXT]),
+            counter: Sql::new(
+                format!("SELECT COALESCE(sum(value), 0)::bigint FROM {s}.counters WHERE name = $1"),
+                &[TEXT],
+            ),
+            // Forces a WAL flush covering every commit before it: a transaction that takes an
+            // id writes a commit record, and its synchronous commit waits for that record (and
+            // so every earlier one) to be flushed. See `claim`.
+            flush_wal: Sql::new("SELECT pg_catalog.txid_current()".to_string(), &[]),
             // $1 batch size. Returns the rows deleted; takes them off their scopes' counts.
             cleanup_keys: Sql::new(format!(
                 "WITH gone AS (

@@ -59,6 +59,16 @@ impl PostgresBackend {
     }
 }
 
+/// The claim statement's guard divides by zero when its count and its insert disagree (see
+/// `sql`): the statement rolled back, and running it again resolves it.
+fn stale_on_guard(e: tokio_postgres::Error) -> Fail {
+    if e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO) {
+        Fail::Stale
+    } else {
+        Fail::Db(e)
+    }
+}
+
 impl Inner {
     /// Runs `attempt` with a pooled connection, retrying serialization failures, deadlocks and
     /// stale reads a bounded number of times, and maps the outcome to the store's errors.
@@ -128,34 +138,31 @@ impl IdempotencyStore for PostgresBackend {
         let mut purged = false;
         loop {
             let outcome = inner
-                .with_retry("claim", |mut c| async move {
-                    let tx = c.transaction().await?;
+                .with_retry("claim", |c| async move {
                     let rows = inner
                         .sql
                         .claim
                         .query(
-                            &tx,
+                            &c,
                             inner.pooling,
                             &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
                         )
-                        .await?;
-                    // No row: the key was written after this statement's snapshot; look again.
+                        .await
+                        .map_err(stale_on_guard)?;
+                    // No answer row: the key changed after this statement's snapshot; look again.
                     let Some(row) = rows.first() else {
-                        tx.rollback().await?;
                         return Err(Fail::Stale);
                     };
-                    let acquired: bool = row.try_get("acquired")?;
-                    let inserted: bool =
-                        row.try_get::<_, Option<bool>>("inserted")?.unwrap_or(false);
-                    let bumped: bool = row.try_get::<_, Option<bool>>("bumped")?.unwrap_or(false);
-                    // The count went up exactly when a row was inserted, or the key changed
-                    // under the statement: undo and look again.
-                    if bumped != (acquired && inserted) {
-                        tx.rollback().await?;
+                    if row.try_get::<_, Option<bool>>("acquired")?.is_none() {
                         return Err(Fail::Stale);
                     }
-                    tx.commit().await?;
-                    claim_outcome(row, scope, key)
+                    let outcome = claim_outcome(row, scope, key)?;
+                    if matches!(outcome, Claim::InProgress { .. } | Claim::Mismatch { .. }) {
+                        // The claim shown may have committed without its flush (see `sql`):
+                        // make it durable before anybody acts on it.
+                        inner.sql.flush_wal.query(&c, inner.pooling, &[]).await?;
+                    }
+                    Ok(outcome)
                 })
                 .await?;
             match outcome {
@@ -296,13 +303,17 @@ impl IdempotencyStore for PostgresBackend {
                     ))
                 })?);
                 let state = match row.try_get::<_, i16>("state")? {
-                    IN_PROGRESS => KeyState::InProgress {
-                        lease_left: Duration::from_millis(
-                            row.try_get::<_, Option<i64>>("lease_left_ms")?
-                                .unwrap_or(0)
-                                .max(0) as u64,
-                        ),
-                    },
+                    IN_PROGRESS => {
+                        // A claim in progress may have committed without its flush (see `sql`).
+                        inner.sql.flush_wal.query(&c, inner.pooling, &[]).await?;
+                        KeyState::InProgress {
+                            lease_left: Duration::from_millis(
+                                row.try_get::<_, Option<i64>>("lease_left_ms")?
+                                    .unwrap_or(0)
+                                    .max(0) as u64,
+                            ),
+                        }
+                    }
                     _ => KeyState::Completed(
                         response_from(
                             row.try_get("status")?,
@@ -408,7 +419,11 @@ impl IdempotencyStore for PostgresBackend {
                     return Ok(InsertOnce::Inserted);
                 }
                 match row.try_get::<_, Option<Vec<u8>>>("existing")? {
-                    Some(v) => Ok(InsertOnce::Existing(Bytes::from(v))),
+                    Some(v) => {
+                        // The record shown may have committed without its flush (see `sql`).
+                        inner.sql.flush_wal.query(&c, inner.pooling, &[]).await?;
+                        Ok(InsertOnce::Existing(Bytes::from(v)))
+                    }
                     // Not inserted, yet no live record in this statement's snapshot: a concurrent
                     // insert committed after the snapshot, or the snapshot's record had expired
                     // and another call replaced it. Look again.
