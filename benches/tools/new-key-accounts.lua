@@ -4,8 +4,16 @@ local counter = 0
 local prefix = ""
 local body = '{"amount": 100.00, "currency": "BRL"}'
 
+-- Each wrk thread runs this script in a Lua state of its own: `setup` numbers the threads so two
+-- threads of one wrk process never draw the same keys.
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+end
+
 function init(args)
-  prefix = string.format("%s-%d", args[1] or "k", os.time())
+  prefix = string.format("%s-%d-t%d", args[1] or "k", os.time(), thread_id or 0)
 end
 
 function request()

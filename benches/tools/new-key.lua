@@ -6,8 +6,16 @@ local body = '{"amount": 100.00, "currency": "BRL"}'
 
 -- The prefix comes from the command line (`wrk ... -- PREFIX`): two wrk processes started in the
 -- same second would otherwise draw the same keys from an unseeded generator.
+-- Each wrk thread runs this script in a Lua state of its own: `setup` numbers the threads so two
+-- threads of one wrk process never draw the same keys.
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+end
+
 function init(args)
-  prefix = string.format("%s-%d", args[1] or "k", os.time())
+  prefix = string.format("%s-%d-t%d", args[1] or "k", os.time(), thread_id or 0)
 end
 
 function request()
