@@ -184,6 +184,9 @@ impl PostgresBackend {
             password,
             latency: latency::StatementLatency::default(),
         });
+        // Start-up has just reached the database: the probe's first check is due a whole interval
+        // from now, not at once (where it would race the first calls for the pool's connections).
+        inner.state.mark_up();
         let probe = tokio::spawn(health::probe(inner.pool.clone(), inner.state.clone()));
         inner.tasks.lock().push(probe);
         let store = PostgresBackend { inner };
