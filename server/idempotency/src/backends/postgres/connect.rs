@@ -8,7 +8,6 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
 use parking_lot::Mutex;
-use tokio_postgres::NoTls;
 use tracing::{info, warn};
 
 use super::codec::millis;
@@ -19,7 +18,7 @@ use super::schema::MigrateError;
 use super::sql::Statements;
 use super::state::DbState;
 use super::store::{Inner, PostgresBackend};
-use super::{latency, redacted_url, schema, url};
+use super::{latency, redacted_url, schema, ssl_params, tls, url};
 
 /// Bound on all of [`PostgresBackend::connect`] (connection attempts and migration), so that a binary that
 /// cannot reach its database exits within 30 s.
@@ -39,9 +38,16 @@ impl PostgresBackend {
             return Err(PgError::Config("lease must be at least 1 ms".into()));
         }
         let shown = redacted_url(&config.url);
+        // libpq's sslmode/sslrootcert are ours (tokio-postgres knows only part of them); the rest is
+        // tokio-postgres's to parse.
+        let (driver_url, ssl) = ssl_params::split(&config.url).map_err(|reason| PgError::Url {
+            url: shown.clone(),
+            reason,
+        })?;
+        let tls = tls::setup(&ssl, &shown)?;
+        let sslmode = tls.mode.as_str();
         let mut pg: tokio_postgres::Config =
-            config
-                .url
+            driver_url
                 .parse()
                 .map_err(|e: tokio_postgres::Error| PgError::Url {
                     url: shown.clone(),
@@ -60,7 +66,8 @@ impl PostgresBackend {
             "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={}",
             statement_ms.saturating_mul(2)
         ));
-        pg.options(options)
+        pg.ssl_mode(tls.driver_mode)
+            .options(options)
             .connect_timeout(config.connect_timeout)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(10))
@@ -72,7 +79,7 @@ impl PostgresBackend {
         }
         let manager = Manager::from_config(
             pg,
-            NoTls,
+            tls.connector,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -102,6 +109,19 @@ impl PostgresBackend {
                     break;
                 }
                 Err(e) => {
+                    // A rejected certificate is rejected again on every attempt: say why, now.
+                    if let PoolError::Backend(db) = &e
+                        && let Some(rejected) = tls::rejection(db)
+                    {
+                        pool.close();
+                        let err = PgError::Certificate {
+                            url: shown,
+                            host: rejected.host.clone(),
+                            problem: rejected.problem.clone(),
+                        };
+                        warn!(error = %err, "cannot connect to the database");
+                        return Err(err);
+                    }
                     let fatal = match &e {
                         PoolError::Backend(db) => db.code().is_some_and(|c| {
                             let c = c.code();
@@ -167,7 +187,7 @@ impl PostgresBackend {
             }
         }
         drop(client);
-        info!(database = %shown, schema = %config.schema, pool = config.pool_size, "PostgreSQL store ready");
+        info!(database = %shown, schema = %config.schema, pool = config.pool_size, sslmode, "PostgreSQL store ready");
 
         let inner = Arc::new(Inner {
             pool,

@@ -16,7 +16,9 @@
 //!
 //! Files: [`connect`] (pool and start-up), [`store`] (the calls), [`codec`] (rows and input
 //! checks), [`error`] (classification and the retry loop), [`health`] (the readiness probe), [`state`] (up/down),
-//! [`cleanup`], [`schema`] (migrations), [`sql`] (the statements), [`config`], [`url`] (redaction).
+//! [`cleanup`], [`schema`] (migrations), [`sql`] (the statements), [`config`], [`url`] (redaction),
+//! [`tls`] (libpq's `sslmode`/`sslrootcert` and the rustls connector), [`ssl_params`] (taking those
+//! two out of the connection string, which tokio-postgres would reject).
 
 mod cleanup;
 mod codec;
@@ -27,12 +29,14 @@ mod health;
 mod latency;
 mod schema;
 mod sql;
+mod ssl_params;
 mod state;
 mod store;
+mod tls;
 mod url;
 
 pub use cleanup::CleanupReport;
-pub use config::{PgConfig, PgError};
+pub use config::{CertProblem, PgConfig, PgError};
 pub use connect::STARTUP_DEADLINE;
 pub use schema::SCHEMA_VERSION;
 pub use store::PostgresBackend;
