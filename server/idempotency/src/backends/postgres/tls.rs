@@ -350,7 +350,6 @@ fn chain_problem(e: TlsError, roots: &str) -> CertProblem {
         | TlsError::InvalidCertificate(CertificateError::BadSignature) => CertProblem::NotTrusted {
             roots: roots.to_string(),
         },
-        TlsError::InvalidCertificate(other) => CertProblem::Invalid(format!("{other:?}")),
         other => CertProblem::Invalid(other.to_string()),
     }
 }
@@ -360,13 +359,31 @@ fn name_problem(e: TlsError) -> CertProblem {
         TlsError::InvalidCertificate(CertificateError::NotValidForNameContext {
             presented,
             ..
-        }) => CertProblem::NameMismatch { presented },
+        }) => CertProblem::NameMismatch {
+            presented: presented.into_iter().map(plain_name).collect(),
+        },
         TlsError::InvalidCertificate(CertificateError::NotValidForName) => {
             CertProblem::NameMismatch {
                 presented: Vec::new(),
             }
         }
         other => CertProblem::Invalid(other.to_string()),
+    }
+}
+
+/// A name as webpki reports it (`DnsName("db.example")`, `IpAddress(10.0.0.5)`), without the
+/// wrapping: `db.example`, `10.0.0.5`. Other kinds are kept as they are.
+fn plain_name(name: String) -> String {
+    let inner = name
+        .strip_prefix("DnsName(\"")
+        .and_then(|n| n.strip_suffix("\")"))
+        .or_else(|| {
+            name.strip_prefix("IpAddress(")
+                .and_then(|n| n.strip_suffix(')'))
+        });
+    match inner {
+        Some(inner) => inner.to_string(),
+        None => name,
     }
 }
 
@@ -577,6 +594,30 @@ mod tests {
             found.to_string(),
             "the TLS certificate of db.example is not accepted: host name mismatch: the \
              certificate is valid for localhost only"
+        );
+    }
+
+    #[test]
+    fn names_the_certificate_holds_are_reported_without_webpkis_wrapping() {
+        let mismatch = name_problem(TlsError::InvalidCertificate(
+            CertificateError::NotValidForNameContext {
+                expected: ServerName::try_from("127.0.0.1").expect("address"),
+                presented: vec![
+                    "DnsName(\"localhost\")".into(),
+                    "IpAddress(10.0.0.5)".into(),
+                    "UniformResourceIdentifier(\"x\")".into(),
+                ],
+            },
+        ));
+        assert_eq!(
+            mismatch,
+            CertProblem::NameMismatch {
+                presented: vec![
+                    "localhost".into(),
+                    "10.0.0.5".into(),
+                    "UniformResourceIdentifier(\"x\")".into()
+                ]
+            }
         );
     }
 
