@@ -8,7 +8,9 @@ use super::statement::Pooling;
 #[derive(Debug, Clone)]
 pub struct PgConfig {
     /// `postgres://user:password@host:port/database?...` or a key/value connection string. Logged
-    /// and reported only through [`super::redacted_url`].
+    /// and reported only through [`super::redacted_url`]. TLS follows libpq: `sslmode=disable|prefer|
+    /// require|verify-ca|verify-full` (default `prefer`) and `sslrootcert=PATH` (PEM) or
+    /// `sslrootcert=system`; see the `tls` module.
     pub url: String,
     /// The schema holding the tables (created if missing). Default `idemlog`. Letters, digits and
     /// `_` only, not starting with a digit, at most 63 bytes.
@@ -108,6 +110,33 @@ pub enum PgError {
         /// The last error.
         reason: String,
     },
+    /// The CA certificates to verify the server with cannot be used: the `sslrootcert` file (or
+    /// libpq's default `~/.postgresql/root.crt` under `verify-ca`/`verify-full`) is missing,
+    /// unreadable or holds no usable certificate, or the system's store is empty.
+    #[error(
+        "cannot use the root certificate file {path} (sslrootcert) for database {url}: {reason}"
+    )]
+    RootCert {
+        /// The redacted URL.
+        url: String,
+        /// The file (or `system`).
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The server's TLS certificate was rejected (`verify-ca`, `verify-full`, or `require` with a
+    /// root certificate). Not retried: the same certificate would be rejected again.
+    #[error(
+        "cannot connect to database {url}: the TLS certificate of {host} is not accepted: {problem}"
+    )]
+    Certificate {
+        /// The redacted URL.
+        url: String,
+        /// The host name (or address) connected to, as the URL names it.
+        host: String,
+        /// Why it was rejected.
+        problem: CertProblem,
+    },
     /// The schema could not be created or migrated.
     #[error("cannot create or migrate schema {schema:?} in database {url}: {reason}")]
     Migrate {
@@ -133,6 +162,35 @@ pub enum PgError {
         /// The newest version this build knows ([`super::SCHEMA_VERSION`]).
         known: i32,
     },
+}
+
+/// Why a server's TLS certificate was rejected ([`PgError::Certificate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CertProblem {
+    /// The certificate does not chain to any of the trusted CA certificates.
+    #[error("certificate signed by an unknown CA: not trusted by {roots}")]
+    NotTrusted {
+        /// Where the trusted CAs came from (`sslrootcert /path/ca.pem`, or the system's roots).
+        roots: String,
+    },
+    /// `verify-full`: the certificate is not valid for the host name connected to.
+    #[error("host name mismatch: the certificate is valid for {} only", names(.presented))]
+    NameMismatch {
+        /// The names the certificate holds (DNS names and IP addresses), when known.
+        presented: Vec<String>,
+    },
+    /// Anything else: expired, not yet valid, not for server use, malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn names(presented: &[String]) -> String {
+    if presented.is_empty() {
+        "other names".to_string()
+    } else {
+        presented.join(", ")
+    }
 }
 
 /// Checks that `schema` is a plain identifier, safe to quote into statements.

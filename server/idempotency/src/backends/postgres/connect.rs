@@ -8,7 +8,7 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
 use parking_lot::Mutex;
-use tokio_postgres::{NoTls, SimpleQueryMessage};
+use tokio_postgres::SimpleQueryMessage;
 use tracing::{info, warn};
 
 use super::codec::millis;
@@ -20,7 +20,7 @@ use super::sql::Statements;
 use super::state::DbState;
 use super::statement::Pooling;
 use super::store::{Inner, PostgresBackend};
-use super::{latency, redacted_url, schema, url};
+use super::{latency, redacted_url, schema, ssl_params, tls, url};
 
 /// Bound on all of [`PostgresBackend::connect`] (connection attempts and migration), so that a binary that
 /// cannot reach its database exits within 30 s.
@@ -40,9 +40,16 @@ impl PostgresBackend {
             return Err(PgError::Config("lease must be at least 1 ms".into()));
         }
         let shown = redacted_url(&config.url);
+        // libpq's sslmode/sslrootcert are ours (tokio-postgres knows only part of them); the rest is
+        // tokio-postgres's to parse.
+        let (driver_url, ssl) = ssl_params::split(&config.url).map_err(|reason| PgError::Url {
+            url: shown.clone(),
+            reason,
+        })?;
+        let tls = tls::setup(&ssl, &shown)?;
+        let sslmode = tls.mode.as_str();
         let mut pg: tokio_postgres::Config =
-            config
-                .url
+            driver_url
                 .parse()
                 .map_err(|e: tokio_postgres::Error| PgError::Url {
                     url: shown.clone(),
@@ -55,11 +62,12 @@ impl PostgresBackend {
         if pg.get_application_name().is_none() {
             pg.application_name("idemlog");
         }
+        pg.ssl_mode(tls.driver_mode);
         let scrub = |s: String| url::scrub(&s, password.as_deref());
         let deadline = tokio::time::Instant::now() + STARTUP_DEADLINE;
         let mut pooling = config.pooling;
         let (pool, mut client) = loop {
-            let pool = build_pool(pg.clone(), &config, pooling)?;
+            let pool = build_pool(pg.clone(), tls.connector.clone(), &config, pooling)?;
             match first_connection(&pool, &config, &shown, deadline, &scrub).await {
                 Ok(client) => break (pool, client),
                 Err(Refused::StartupOptions(_)) if pooling == Pooling::None => {
@@ -71,6 +79,17 @@ impl PostgresBackend {
                          set it explicitly to silence this (--database-pooler transaction)"
                     );
                     pooling = Pooling::Transaction;
+                }
+                Err(Refused::Certificate(rejected)) => {
+                    // A rejected certificate is rejected again on every attempt: say why, now.
+                    pool.close();
+                    let err = PgError::Certificate {
+                        url: shown,
+                        host: rejected.host,
+                        problem: rejected.problem,
+                    };
+                    warn!(error = %err, "cannot connect to the database");
+                    return Err(err);
                 }
                 Err(Refused::StartupOptions(last) | Refused::Other(last)) => {
                     pool.close();
@@ -114,7 +133,7 @@ impl PostgresBackend {
             }
         }
         drop(client);
-        info!(database = %shown, schema = %config.schema, pool = config.pool_size, pooler = ?pooling, "PostgreSQL store ready");
+        info!(database = %shown, schema = %config.schema, pool = config.pool_size, pooler = ?pooling, sslmode, "PostgreSQL store ready");
 
         let inner = Arc::new(Inner {
             pool,
@@ -132,6 +151,9 @@ impl PostgresBackend {
             password,
             latency: latency::StatementLatency::default(),
         });
+        // Start-up has just reached the database: the probe's first check is due a whole interval
+        // from now, not at once (where it would race the first calls for the pool's connections).
+        inner.state.mark_up();
         let probe = tokio::spawn(health::probe(inner.pool.clone(), inner.state.clone()));
         inner.tasks.lock().push(probe);
         let store = PostgresBackend { inner };
@@ -146,6 +168,8 @@ impl PostgresBackend {
 enum Refused {
     /// The server (a pooler) refused the start-up parameter `options`.
     StartupOptions(String),
+    /// The server's TLS certificate was refused (see [`tls`]).
+    Certificate(tls::Rejected),
     Other(String),
 }
 
@@ -156,6 +180,7 @@ enum Refused {
 /// remains.
 fn build_pool(
     mut pg: tokio_postgres::Config,
+    connector: tokio_postgres_rustls::MakeRustlsConnect,
     config: &PgConfig,
     pooling: Pooling,
 ) -> Result<Pool, PgError> {
@@ -179,7 +204,7 @@ fn build_pool(
         .tcp_user_timeout(config.statement_timeout + Duration::from_secs(5));
     let manager = Manager::from_config(
         pg,
-        NoTls,
+        connector,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -213,6 +238,11 @@ async fn first_connection(
             Ok(client) => return Ok(client),
             Err(e) => e,
         };
+        if let PoolError::Backend(db) = &e
+            && let Some(rejected) = tls::rejection(db)
+        {
+            return Err(Refused::Certificate(rejected.clone()));
+        }
         let fatal = match &e {
             PoolError::Backend(db) => db.code().is_some_and(|c| {
                 let c = c.code();

@@ -22,7 +22,9 @@
 //! Files: [`connect`] (pool and start-up), [`store`] (the calls), [`codec`] (rows and input
 //! checks), [`error`] (classification and the retry loop), [`health`] (the readiness probe), [`state`] (up/down),
 //! [`cleanup`], [`schema`] (migrations), [`sql`] (the statements), [`statement`] (how they are
-//! sent), [`config`], [`url`] (redaction).
+//! sent), [`config`], [`url`] (redaction), [`tls`] (libpq's `sslmode`/`sslrootcert` and the rustls
+//! connector), [`ssl_params`] (taking those two out of the connection string, which tokio-postgres
+//! would reject).
 
 mod cleanup;
 mod codec;
@@ -33,13 +35,15 @@ mod health;
 mod latency;
 mod schema;
 mod sql;
+mod ssl_params;
 mod state;
 mod statement;
 mod store;
+mod tls;
 mod url;
 
 pub use cleanup::CleanupReport;
-pub use config::{PgConfig, PgError};
+pub use config::{CertProblem, PgConfig, PgError};
 pub use connect::STARTUP_DEADLINE;
 pub use schema::SCHEMA_VERSION;
 pub use statement::Pooling;

@@ -148,6 +148,29 @@ mod tests {
     }
 
     #[test]
+    fn tls_parameters_stay_visible_while_the_password_is_hidden() {
+        let r = redacted_url(
+            "postgres://app:s3cret@db:5432/pay?sslmode=verify-full&sslrootcert=/etc/idemlog/ca.pem",
+        );
+        assert_eq!(
+            r,
+            "postgres://app:***@db:5432/pay?sslmode=verify-full&sslrootcert=/etc/idemlog/ca.pem"
+        );
+        let r = redacted_url(
+            "host=db password=s3cret sslmode=verify-ca sslrootcert='/etc/my ca.pem' dbname=pay",
+        );
+        assert_eq!(
+            r,
+            "host=db password=*** sslmode=verify-ca sslrootcert='/etc/my ca.pem' dbname=pay"
+        );
+        assert!(!r.contains("s3cret"));
+        assert_eq!(
+            scrub("cannot read /etc/ca.pem for s3cret", Some(b"s3cret")),
+            "cannot read /etc/ca.pem for ***"
+        );
+    }
+
+    #[test]
     fn scrub_removes_the_password_from_text() {
         assert_eq!(scrub("bad s3cret here", Some(b"s3cret")), "bad *** here");
         assert_eq!(scrub("nothing", None), "nothing");
