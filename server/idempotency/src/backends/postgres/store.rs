@@ -62,11 +62,15 @@ impl PostgresBackend {
 /// The claim statement's guard divides by zero when its count and its insert disagree (see
 /// `sql`): the statement rolled back, and running it again resolves it.
 fn stale_on_guard(e: tokio_postgres::Error) -> Fail {
-    if e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO) {
+    if is_guard(&e) {
         Fail::Stale
     } else {
         Fail::Db(e)
     }
+}
+
+fn is_guard(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
 }
 
 impl Inner {
@@ -139,6 +143,37 @@ impl IdempotencyStore for PostgresBackend {
         loop {
             let outcome = inner
                 .with_retry("claim", |c| async move {
+                    // The common case first: a new key, inserted and counted by a small statement.
+                    let new = inner
+                        .sql
+                        .claim_new
+                        .query_one(
+                            &c,
+                            inner.pooling,
+                            &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
+                        )
+                        .await;
+                    match new {
+                        Ok(row) => {
+                            if let (Some(fence), Some(expires_ms)) = (
+                                row.try_get::<_, Option<i64>>("fence")?,
+                                row.try_get::<_, Option<i64>>("expires_ms")?,
+                            ) {
+                                return Ok(Claim::Acquired(HeldClaim {
+                                    scope: scope.to_string(),
+                                    key: key.to_string(),
+                                    fence: fence as u64,
+                                    takeover: None,
+                                    expires_at_ms: expires_ms.max(0) as u64,
+                                    handle: None,
+                                }));
+                            }
+                            // The key has a row: the full statement below.
+                        }
+                        // Over the quota (or a racing insert): the full statement decides.
+                        Err(Fail::Db(e)) if is_guard(&e) => {}
+                        Err(e) => return Err(e),
+                    }
                     let rows = inner
                         .sql
                         .claim
