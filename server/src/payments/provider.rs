@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use idemlog_idempotency::{Expiry, InsertOnce, RecordWrite, StoreError, StoreHandle};
 
@@ -142,8 +142,7 @@ impl Gateway {
             .chain_update(self.inner.seed)
             .chain_update(n.to_be_bytes())
             .finalize();
-        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{prefix}{hex}")
+        prefixed_hex(prefix, &digest[..12])
     }
 
     /// Charges `amount_minor` once per `provider_key`: a key seen before returns its original
@@ -187,7 +186,8 @@ impl Gateway {
             }
             InsertOnce::Inserted => {
                 let nth = inner.new_charges.fetch_add(1, Ordering::Relaxed) + 1;
-                info!(charge_id = %charge.id, amount_minor, currency = %charge.currency, provider_key, "gateway: charged");
+                // DEBUG: the handler's "payment created" line (INFO) names the charge.
+                debug!(charge_id = %charge.id, amount_minor, currency = %charge.currency, provider_key, "gateway: charged");
                 (charge, nth <= inner.config.fail_after_charge)
             }
         };
@@ -207,9 +207,30 @@ impl Gateway {
     }
 }
 
+/// `prefix` followed by `bytes` in lowercase hex, in one allocation (a `format!` per byte cost two
+/// dozen allocations per payment).
+fn prefixed_hex(prefix: &str, bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(prefix.len() + 2 * bytes.len());
+    id.push_str(prefix);
+    for b in bytes {
+        id.push(char::from(HEX[usize::from(b >> 4)]));
+        id.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    id
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_the_prefix_and_lowercase_hex_of_every_byte() {
+        let bytes = [0x00, 0x0f, 0xa5, 0xff, 0x10];
+        let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(prefixed_hex("ch_", &bytes), format!("ch_{expected}"));
+        assert_eq!(prefixed_hex("pay_", &bytes), "pay_000fa5ff10");
+    }
 
     #[test]
     fn provider_keys_of_different_scope_and_key_pairs_differ() {

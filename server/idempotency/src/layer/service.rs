@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tower::{Layer, Service, ServiceExt};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::digest;
 use crate::fingerprint;
@@ -363,7 +363,10 @@ where
             Outcome::Executed
         }
         None => {
-            info!(fence = token.fence, "claimed key: running the handler");
+            // The routine path logs at DEBUG: at INFO, a line per step of every request cost
+            // more CPU than the rest of the layer (see BENCHMARKS.md, issue 23). The exceptions
+            // (takeovers, expiries, replays, 409, 422, 429, releases) stay at INFO or above.
+            debug!(fence = token.fence, "claimed key: running the handler");
             Outcome::Executed
         }
     };
@@ -426,7 +429,7 @@ where
     match completed {
         Ok(()) => {
             counts.record(outcome);
-            info!(status, side_records, "completed: response stored");
+            debug!(status, side_records, "completed: response stored");
             Response::from_parts(parts, Body::from(body))
         }
         Err(StoreError::LeaseLost { .. }) => fenced(&*shared.store, counts, &token, fp).await,
