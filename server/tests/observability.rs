@@ -161,6 +161,34 @@ async fn a_sane_client_request_id_is_echoed_and_an_insane_one_replaced() {
 }
 
 #[tokio::test]
+async fn generated_request_ids_are_distinct_version_4_uuids() {
+    let t = TestApp::new();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let reply = t
+            .send(
+                Request::get("/healthz")
+                    .body(Body::empty())
+                    .expect("request"),
+            )
+            .await;
+        let id = reply.header("x-request-id").expect("an id").to_owned();
+        let bytes = id.as_bytes();
+        assert_eq!(bytes.len(), 36, "{id}");
+        assert!(
+            [8, 13, 18, 23].iter().all(|&i| bytes[i] == b'-'),
+            "hyphenated: {id}"
+        );
+        assert_eq!(bytes[14], b'4', "version 4: {id}");
+        assert!(
+            matches!(bytes[19], b'8' | b'9' | b'a' | b'b'),
+            "RFC 4122 variant: {id}"
+        );
+        assert!(seen.insert(id.clone()), "id {id} given twice");
+    }
+}
+
+#[tokio::test]
 async fn problem_bodies_name_the_request_id_and_a_replayed_4xx_keeps_the_original_one() {
     let t = TestApp::new();
     // 401 (from the auth middleware) and 404 (the fallback).
