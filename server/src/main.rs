@@ -4,7 +4,7 @@
 //! open after `--shutdown-grace` are closed), wait up to `--shutdown-grace` again for handlers whose
 //! clients already left, then close the store, which flushes and syncs the log.
 
-use std::io::IsTerminal;
+use std::io::{BufWriter, IsTerminal};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -17,13 +17,14 @@ use idemlog_server::config::{Config, LogFormat, StoreChoice, Switch};
 use idemlog_server::router::{RouterConfig, Services, router};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
+use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc malloc: a request allocates and frees a few dozen small blocks, often on
 /// different worker threads, and glibc's arena locks and chunk consolidation took about a fifth of
 /// the server's CPU in a profile under load.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, thiserror::Error)]
 enum ServerError {
@@ -53,22 +54,39 @@ enum ServerError {
     Task(#[from] tokio::task::JoinError),
 }
 
-fn init_logging(format: LogFormat) {
+/// Log lines go to stderr through a writer thread: request paths hand each line over a channel
+/// instead of making a `write` system call each, and the thread writes whatever has queued in one
+/// call (a per-line `write` was several µs of every payment's CPU, BENCHMARKS.md, issue 23).
+/// `lossy(false)`: when the queue is full, a request waits for room rather than drop a line. The
+/// guard flushes what is queued when `main` returns; a crash can lose the lines still queued.
+/// The log writer thread's buffer: it writes when this fills or when its queue runs empty.
+const LOG_BUFFER_BYTES: usize = 64 * 1024;
+
+fn init_logging(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::stderr().is_terminal();
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("idemlog-log")
+        .finish(BufWriter::with_capacity(
+            LOG_BUFFER_BYTES,
+            std::io::stderr(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+        .with_writer(writer)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
 
 fn main() -> ExitCode {
     let (config, store_choice) =
         Config::parse_with_store(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    init_logging(config.log_format);
+    let _log_guard = init_logging(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,0 +1,40 @@
+//! Log lines leave request paths through a writer thread (issue 23): a line handed to it before
+//! a clean exit must still reach stderr, in order, whatever was queued when the signal came.
+
+use std::time::Duration;
+
+use idemlog_e2e::*;
+
+#[test]
+fn every_line_queued_before_a_clean_exit_reaches_stderr_in_order() {
+    let dir = TempDir::new("logging");
+    let server = Server::start(dir.path(), &["--gateway-latency", "0ms"]);
+    let payments = 300;
+    for i in 0..payments {
+        let reply = server.pay(KEY_A, &format!("order-{i}"), BODY);
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    let mut server = server;
+    server.signal_terminate();
+    assert!(server.wait_exit(Duration::from_secs(30)).success());
+    // The process has exited; the test's reader thread may still be draining the pipe.
+    wait_until(Duration::from_secs(10), "the last log line", || {
+        server
+            .logs()
+            .last()
+            .is_some_and(|l| l.contains("shut down cleanly"))
+    });
+    let logs = server.logs();
+    let created = logs
+        .iter()
+        .filter(|l| l.contains("payment created"))
+        .count();
+    assert_eq!(created, payments, "{}", logs.join("\n"));
+    let position = |text: &str| logs.iter().position(|l| l.contains(text));
+    assert!(
+        position("listening") < position("payment created")
+            && position("store closed") < position("shut down cleanly"),
+        "{}",
+        logs.join("\n")
+    );
+}
