@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# run1.sh BIN MODE [D] -> prints "BIN MODE req/s us/req"
+BIN=$1; MODE=$2; D=${3:-8s}
+dir=$(mktemp -d)
+env -u DATABASE_URL "$BIN" --listen 127.0.0.1:9191 --data-dir "$dir" --api-key sk_test_alpha=acct_a \
+  --gateway-latency 0s --durability "$MODE" >/tmp/run1-server.log 2>&1 &
+pid=$!
+for _ in $(seq 200); do curl -fs -o /dev/null http://127.0.0.1:9191/metrics && break; sleep 0.05; done
+j0=$(awk '{print $14+$15}' /proc/$pid/stat)
+out=$(cd /work/shared/peers && wrk -t2 -c64 -d$D -s newkeys.lua http://127.0.0.1:9191 2>&1)
+j1=$(awk '{print $14+$15}' /proc/$pid/stat)
+kill $pid; wait $pid 2>/dev/null; rm -rf "$dir"
+rps=$(echo "$out" | awk '/Requests\/sec/{print $2}')
+req=$(echo "$out" | awk '/ requests in /{print $1}')
+bad=$(echo "$out" | awk -F= '/^non2xx=/{print $2}')
+echo "$(basename $BIN) $MODE rps=$rps us/req=$(echo "($j1-$j0)*10000/$req" | bc -l | cut -c1-6) non2xx=$bad"
