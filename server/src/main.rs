@@ -54,14 +54,16 @@ enum ServerError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// Log lines go to stderr through a writer thread: request paths hand each line over a channel
-/// instead of making a `write` system call each, and the thread writes whatever has queued in one
-/// call (a per-line `write` was several µs of every payment's CPU, BENCHMARKS.md, issue 23).
-/// `lossy(false)`: when the queue is full, a request waits for room rather than drop a line. The
-/// guard flushes what is queued when `main` returns; a crash can lose the lines still queued.
 /// The log writer thread's buffer: it writes when this fills or when its queue runs empty.
 const LOG_BUFFER_BYTES: usize = 64 * 1024;
 
+/// Log lines go to stderr through a writer thread: request paths hand each line over a channel
+/// instead of making a `write` system call each, and the thread writes whatever has queued in one
+/// call (with stderr into a pipe, where each `write` also wakes the reader, this gave 15 % more
+/// req/s; BENCHMARKS.md, issue 23, third step). `lossy(false)`: when the queue is full (a stalled
+/// log reader), a request waits for room rather than drop a line, as a blocking `write` did. The
+/// returned guard flushes what is queued when `main` returns; a crash can lose the lines still
+/// queued.
 fn init_logging(format: LogFormat) -> WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::stderr().is_terminal();

@@ -30,7 +30,11 @@ fn every_line_queued_before_a_clean_exit_reaches_stderr_in_order() {
         .filter(|l| l.contains("payment created"))
         .count();
     assert_eq!(created, payments, "{}", logs.join("\n"));
-    let position = |text: &str| logs.iter().position(|l| l.contains(text));
+    let position = |text: &str| {
+        logs.iter()
+            .position(|l| l.contains(text))
+            .unwrap_or_else(|| panic!("no {text:?} line in:\n{}", logs.join("\n")))
+    };
     assert!(
         position("listening") < position("payment created")
             && position("store closed") < position("shut down cleanly"),
