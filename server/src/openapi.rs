@@ -12,8 +12,9 @@
 //!
 //! What every route shares is added to the generated JSON by [`document`], from one definition
 //! each: the response headers (`components.headers`: `X-Request-Id` on every response,
-//! `Retry-After`, `Idempotent-Replayed`, `Location`, `WWW-Authenticate`), and the one
-//! `Idempotency-Key` schema ([`key::PATTERN`]) on both the header of `POST /payments` and the path
+//! `Retry-After`, `Idempotent-Replayed`, `Location`, `WWW-Authenticate`), and the
+//! `Idempotency-Key` schema: [`key::PATTERN`] on the header of `POST /payments`, and
+//! [`key::PATH_PATTERN`] (the same without `%`, which clients encode inconsistently) on the path
 //! segment of `GET /idempotency-keys/{key}`.
 
 use axum::Json;
@@ -231,6 +232,7 @@ fn add_shared_parts(doc: &mut Value) {
     let headers = shared_headers();
     let header_ref = |name: &str| json!({"$ref": format!("#/components/headers/{name}")});
     let key_schema = json!({"type": "string", "minLength": 1, "pattern": key::PATTERN});
+    let path_key_schema = json!({"type": "string", "minLength": 1, "pattern": key::PATH_PATTERN});
     if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
         for operation in paths
             .values_mut()
@@ -243,12 +245,14 @@ fn add_shared_parts(doc: &mut Value) {
                 .into_iter()
                 .flatten()
             {
-                let is_key = match (parameter["in"].as_str(), parameter["name"].as_str()) {
-                    (Some("header"), Some(name)) => name.eq_ignore_ascii_case(key::HEADER),
-                    (Some("path"), Some("key")) => true,
-                    _ => false,
+                let key_schema = match (parameter["in"].as_str(), parameter["name"].as_str()) {
+                    (Some("header"), Some(name)) if name.eq_ignore_ascii_case(key::HEADER) => {
+                        Some(&key_schema)
+                    }
+                    (Some("path"), Some("key")) => Some(&path_key_schema),
+                    _ => None,
                 };
-                if is_key {
+                if let Some(key_schema) = key_schema {
                     parameter["schema"] = key_schema.clone();
                 } else if parameter["name"] == "X-Request-Id" {
                     // Any value is accepted (an unusable one is replaced), so none is declared

@@ -333,7 +333,7 @@ fn document() -> serde_json::Value {
 }
 
 #[test]
-fn the_idempotency_key_header_and_path_declare_the_one_rule_the_parser_enforces() {
+fn the_idempotency_key_header_and_path_declare_the_parsers_rule_the_path_without_percent() {
     let doc = document();
     let param = |path: &str, method: &str, name: &str| {
         doc["paths"][path][method]["parameters"]
@@ -346,10 +346,13 @@ fn the_idempotency_key_header_and_path_declare_the_one_rule_the_parser_enforces(
     };
     let header = param("/payments", "post", "Idempotency-Key");
     let path = param("/idempotency-keys/{key}", "get", "key");
-    assert_eq!(header["schema"], path["schema"]);
     assert_eq!(
         header["schema"]["pattern"],
         idemlog_idempotency::key::PATTERN
+    );
+    assert_eq!(
+        path["schema"]["pattern"],
+        idemlog_idempotency::key::PATH_PATTERN
     );
     let status = &doc["paths"]["/idempotency-keys/{key}"]["get"]["responses"];
     assert!(status["400"].is_object(), "the path's 400 is documented");
@@ -389,6 +392,31 @@ async fn a_quoted_key_in_the_status_path_names_the_same_key_as_the_bare_one() {
         spaced.status,
         StatusCode::BAD_REQUEST,
         "as the header would"
+    );
+}
+
+#[tokio::test]
+async fn a_key_holding_a_percent_is_found_in_the_status_path_as_percent_25() {
+    let t = TestApp::new();
+    assert_eq!(
+        t.pay(KEY_A, "50%-off", BODY).await.status,
+        StatusCode::CREATED
+    );
+    let status = |path: &'static str| {
+        t.send(
+            Request::get(path)
+                .header("authorization", format!("Bearer {KEY_A}"))
+                .body(Body::empty())
+                .expect("request"),
+        )
+    };
+    let encoded = status("/idempotency-keys/50%25-off").await;
+    assert_eq!(encoded.status, StatusCode::OK);
+    assert_eq!(encoded.json()["key"], "50%-off");
+    assert_eq!(
+        status("/idempotency-keys/50%EF%BF%BD-off").await.status,
+        StatusCode::BAD_REQUEST,
+        "a decoded non-ASCII key is the header's 400"
     );
 }
 

@@ -27,11 +27,20 @@ pub const MAX_LEN: usize = idemlog::MAX_KEY;
 /// visible ASCII other than `"` and `\` or one of the escapes `\"` and `\\`; or a bare value of 1 to
 /// [`MAX_LEN`] visible ASCII characters that does not start with `"` (that is the quoted form).
 /// RFC 8941 also allows spaces inside an sf-string; keys with a space are refused (see the module
-/// docs), so the pattern leaves them out. The OpenAPI document declares this pattern on both the
-/// `Idempotency-Key` header and the `{key}` of `GET /idempotency-keys/{key}`, which parses its
-/// segment with the same function; a test checks pattern and parser agree.
+/// docs), so the pattern leaves them out. The OpenAPI document declares this pattern on the
+/// `Idempotency-Key` header, and [`PATH_PATTERN`] (the same without `%`) on the `{key}` of
+/// `GET /idempotency-keys/{key}`, which parses its decoded segment with the same function; a test
+/// checks pattern and parser agree.
 pub const PATTERN: &str =
     r#"^(?:"(?:[\x21\x23-\x5B\x5D-\x7E]|\\["\\]){1,255}"|[\x21\x23-\x7E][\x21-\x7E]{0,254})$"#;
+
+/// [`PATTERN`] without `%`: the pattern the OpenAPI document declares on the `{key}` path segment
+/// of `GET /idempotency-keys/{key}`. The segment is percent-decoded before it is parsed, and
+/// clients disagree on whether a `%` already in a value is data or the start of an escape (a
+/// generated client that leaves `%EF` alone sends a key that decodes to non-ASCII and gets a 400).
+/// So the document promises only keys without `%` there; a key holding `%` still works in the path
+/// when the client encodes it as `%25`. A test checks this is exactly [`PATTERN`] minus `%`.
+pub const PATH_PATTERN: &str = r#"^(?:"(?:[\x21\x23\x24\x26-\x5B\x5D-\x7E]|\\["\\]){1,255}"|[\x21\x23\x24\x26-\x7E][\x21-\x24\x26-\x7E]{0,254})$"#;
 
 /// A validated key; also put in the request extensions for the handler.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -226,6 +235,28 @@ mod tests {
                 "{:?}", raw
             );
         }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_path_pattern_is_the_pattern_without_percent(raw in r#"[ -~]{0,260}|"[ -~]{0,258}"?"#) {
+            let path = regex::Regex::new(PATH_PATTERN).expect("the path pattern compiles");
+            proptest::prop_assert_eq!(
+                path.is_match(&raw),
+                pattern().is_match(&raw) && !raw.contains('%'),
+                "{:?}", raw
+            );
+        }
+    }
+
+    #[test]
+    fn the_path_pattern_refuses_a_percent_the_header_pattern_accepts() {
+        let path = regex::Regex::new(PATH_PATTERN).expect("the path pattern compiles");
+        for key in ["a%EFb", "%", "\"%41\""] {
+            assert!(pattern().is_match(key), "{key:?}");
+            assert!(!path.is_match(key), "{key:?}");
+        }
+        assert!(path.is_match("order-7") && path.is_match("\"a$&b\""));
     }
 
     #[test]
