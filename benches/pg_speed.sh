@@ -83,6 +83,9 @@ run_id=0
 declare -A rates tx flushes writes
 measure() { # label requests-command...: runs it, records rate and per-request deltas
   local label=$1; shift
+  # Dirty page cache left by anything before (a previous run, a build) written back during this
+  # run slows its WAL flushes several times over: write it back first.
+  sync
   sleep 1.2 # let the statistics of the previous run reach the shared counters
   read -r c0 s0 w0 <<<"$(counters)"
   local out requests secs

@@ -90,6 +90,9 @@ pub struct ServerOptions<'a> {
     pub layer: bool,
     /// `RUST_LOG` of the server.
     pub rust_log: &'a str,
+    /// `--database-url` (the PostgreSQL store) instead of a scratch `--data-dir`; `durability`
+    /// is then passed but means nothing to the server.
+    pub database_url: Option<&'a str>,
 }
 
 /// A running `idemlog-server` on 127.0.0.1 with its own scratch data directory.
@@ -132,10 +135,12 @@ impl Server {
         let log = dir.path().join("server.log");
         let log_file = std::fs::File::create(&log).expect("create the server log");
         let mut command = Command::new(bin);
+        command.args(["--listen", &addr.to_string()]);
+        match options.database_url {
+            Some(url) => command.args(["--database-url", url]),
+            None => command.arg("--data-dir").arg(dir.path().join("data")),
+        };
         command
-            .args(["--listen", &addr.to_string()])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
             .args([
                 "--durability",
                 options.durability,

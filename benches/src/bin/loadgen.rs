@@ -61,6 +61,7 @@ fn main() {
         durability: "none",
         layer,
         rust_log: &rust_log,
+        database_url: None,
     };
     let on = Server::start(&bin, "on", &options(true));
     let off = Server::start(&bin, "off", &options(false));
