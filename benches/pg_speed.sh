@@ -13,7 +13,9 @@
 #   2 inst    two instances on the one database (wrk -c32 against each), one account
 # For every row it prints the medians of req/s (tps for pgbench), ratio to pgbench's median, and
 # per request: transactions (Δ pg_stat_database.xact_commit), WAL flushes (Δ pg_stat_wal.wal_sync)
-# and WAL writes (Δ wal_write). The cluster runs with fsync=on, synchronous_commit=on
+# and WAL writes (Δ wal_write), and CPU time per request: the whole machine's (busy jiffies in
+# /proc/stat: the database, the servers and the load generator) and the servers' own (their
+# /proc/<pid>/stat), so the budget behind the ratio can be read off. The cluster runs with fsync=on, synchronous_commit=on
 # (scripts/pg-test-cluster). The server: --gateway-latency 0ms, RUST_LOG=warn, pool 16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,10 +79,14 @@ for p in $a $b; do
   wrk -t1 -c8 -d2s -s "$lua" "http://127.0.0.1:$p" -- "warm-$p" >/dev/null 2>&1
 done
 
+# Busy jiffies of the whole machine (user, nice, system, irq, softirq, steal) and of the servers.
+machine_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
+servers_busy() { local t=0 pid; for pid in "${pids[@]}"; do t=$((t + $(awk '{print $14+$15}' "/proc/$pid/stat"))); done; echo "$t"; }
+hz=$(getconf CLK_TCK)
 counters() { q "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) || ' ' || wal_sync || ' ' || wal_write FROM pg_stat_wal"; }
 
 run_id=0
-declare -A rates tx flushes writes
+declare -A rates tx flushes writes machine_us server_us
 measure() { # label requests-command...: runs it, records rate and per-request deltas
   local label=$1; shift
   # Dirty page cache left by anything before (a previous run, a build) written back during this
@@ -88,8 +94,10 @@ measure() { # label requests-command...: runs it, records rate and per-request d
   sync
   sleep 1.2 # let the statistics of the previous run reach the shared counters
   read -r c0 s0 w0 <<<"$(counters)"
-  local out requests secs
+  local out requests secs m0 m1 v0 v1
+  m0=$(machine_busy); v0=$(servers_busy)
   out=$("$@")
+  m1=$(machine_busy); v1=$(servers_busy)
   requests=${out% *}; secs=${out#* }
   sleep 1.2
   read -r c1 s1 w1 <<<"$(counters)"
@@ -98,9 +106,13 @@ measure() { # label requests-command...: runs it, records rate and per-request d
   tx[$label]+="$(echo "($c1 - $c0) / $requests" | bc -l) "
   flushes[$label]+="$(echo "($s1 - $s0) / $requests" | bc -l) "
   writes[$label]+="$(echo "($w1 - $w0) / $requests" | bc -l) "
-  printf '  %-9s %8.0f /s  tx/req %.2f  wal_sync/req %.3f  wal_write/req %.3f\n' "$label" "$rate" \
+  machine_us[$label]+="$(echo "($m1 - $m0) * 1000000 / $hz / $requests" | bc -l) "
+  server_us[$label]+="$(echo "($v1 - $v0) * 1000000 / $hz / $requests" | bc -l) "
+  printf '  %-9s %8.0f /s  tx/req %.2f  wal_sync/req %.3f  wal_write/req %.3f  machine µs/req %.0f  server µs/req %.0f\n' \
+    "$label" "$rate" \
     "$(echo "($c1 - $c0) / $requests" | bc -l)" "$(echo "($s1 - $s0) / $requests" | bc -l)" \
-    "$(echo "($w1 - $w0) / $requests" | bc -l)" >&2
+    "$(echo "($w1 - $w0) / $requests" | bc -l)" "$(echo "($m1 - $m0) * 1000000 / $hz / $requests" | bc -l)" \
+    "$(echo "($v1 - $v0) * 1000000 / $hz / $requests" | bc -l)" >&2
 }
 
 pgbench_run() {
@@ -146,10 +158,11 @@ done
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 base=$(median <<<"${rates[pgbench]}")
 echo
-echo "| row | req/s or tps (median of $rounds) | ÷ pgbench | transactions/req | WAL flushes/req | WAL writes/req |"
-echo "|---|---|---|---|---|---|"
+echo "| row | req/s or tps (median of $rounds) | ÷ pgbench | transactions/req | WAL flushes/req | WAL writes/req | machine CPU µs/req | servers' CPU µs/req |"
+echo "|---|---|---|---|---|---|---|---|"
 for label in "${labels[@]}"; do
   m=$(median <<<"${rates[$label]}")
-  printf '| %s | %.0f | %.3f | %.2f | %.3f | %.3f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" \
-    "$(median <<<"${tx[$label]}")" "$(median <<<"${flushes[$label]}")" "$(median <<<"${writes[$label]}")"
+  printf '| %s | %.0f | %.3f | %.2f | %.3f | %.3f | %.0f | %.0f |\n' "$label" "$m" "$(echo "$m / $base" | bc -l)" \
+    "$(median <<<"${tx[$label]}")" "$(median <<<"${flushes[$label]}")" "$(median <<<"${writes[$label]}")" \
+    "$(median <<<"${machine_us[$label]}")" "$(median <<<"${server_us[$label]}")"
 done
