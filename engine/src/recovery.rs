@@ -9,6 +9,10 @@
 //!   before its successor receives a frame, so only the open tail can hold unsynced bytes.
 //! - Damage in the open tail is a torn tail, cut off, unless a later intact frame carries a sync mark
 //!   beyond the damage: that proves the damaged bytes had been made durable, so it is corruption.
+//! - Zeros from the first damaged offset of the open tail to the end of the file are the space the
+//!   writer fills ahead of its frames (`log::writer::PREALLOCATE`), not damage: they are cut
+//!   without a torn-tail report, as a file that simply ended there would need none. (A frame can
+//!   never be all zeros: its header checksum would fail.)
 //! - Every log segment of the open tail (and the one before it) and the directory are synced before
 //!   the store serves anything: a crashed process may have left frames in the page cache that were
 //!   never synced, and they are about to become visible. That is not only the newest segment: a crash
@@ -329,13 +333,16 @@ pub(crate) enum SegmentEnd {
     TornTail(u64),
     /// The active segment's header is torn: the crash came while it was being created.
     TornHeader,
+    /// The active segment holds intact frames up to this offset and only zeros after it: space
+    /// the writer filled ahead of its frames, cut without being a torn tail.
+    ZeroTail(u64),
 }
 
 impl SegmentEnd {
     /// Where intact frames end, if the segment ends in a torn tail (0 for a torn header).
     pub(crate) fn torn_at(self) -> Option<u64> {
         match self {
-            SegmentEnd::Clean => None,
+            SegmentEnd::Clean | SegmentEnd::ZeroTail(_) => None,
             SegmentEnd::TornTail(offset) => Some(offset),
             SegmentEnd::TornHeader => Some(0),
         }
@@ -425,6 +432,10 @@ fn scan(
                 if !in_open_tail {
                     return Err(Error::corrupt(path, offset as u64, reason));
                 }
+                if data[offset..].iter().all(|&b| b == 0) {
+                    scanned.end = SegmentEnd::ZeroTail(offset as u64);
+                    return Ok(scanned);
+                }
                 if later_frame_proves_durable(&data, offset) {
                     return Err(Error::corrupt(
                         path,
@@ -481,6 +492,10 @@ fn replay_segment(
     match scanned.end {
         SegmentEnd::Clean => Ok(scanned.file_len as u32),
         SegmentEnd::TornHeader => reinitialize(segment, report, scanned.file_len),
+        SegmentEnd::ZeroTail(offset) => {
+            truncate(segment, offset)?;
+            Ok(offset as u32)
+        }
         SegmentEnd::TornTail(offset) => {
             truncate(segment, offset)?;
             report.torn_tail = Some(TornTail {

@@ -1032,7 +1032,9 @@ impl Drop for Threads {
         self.stop();
         if !self.core.closed.load(Ordering::Acquire) {
             // Best effort: a failure has poisoned the writer and there is no caller left to tell.
-            let _ = self.core.writer.sync_all();
+            if self.core.writer.sync_all().is_ok() {
+                self.core.writer.trim();
+            }
         }
     }
 }

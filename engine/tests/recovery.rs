@@ -74,10 +74,13 @@ fn torn_tail_is_truncated_on_open() {
     assert_eq!(torn.offset, valid_len);
     assert_eq!(torn.discarded, frame.len() as u64 - 3);
     // Cut back to the valid prefix, then the open appended its fence floor (a 24-byte header and a
-    // 9-byte operation).
+    // 9-byte operation) there, and zeros ahead of it (the writer's preallocation).
     let reopened = f.fs.read_file(&path).unwrap();
-    assert_eq!(reopened.len() as u64, valid_len + 33);
+    let floor_end = valid_len as usize + 33;
+    assert!(reopened.len() >= floor_end);
     assert_eq!(reopened[..valid_len as usize], bytes[..valid_len as usize]);
+    assert_ne!(reopened[valid_len as usize..floor_end], [0u8; 33]);
+    assert!(reopened[floor_end..].iter().all(|&b| b == 0));
     assert!(matches!(
         store.claim(b"acct", b"k", &fp(1), TTL).unwrap(),
         ClaimOutcome::Completed(_)
@@ -91,25 +94,51 @@ fn torn_tail_is_truncated_on_open() {
 }
 
 #[test]
-fn zeroed_tail_after_a_crash_is_truncated() {
+fn zeroed_tail_after_a_crash_is_cut_without_a_torn_tail_report() {
+    // Zeros after the last frame are what the writer's preallocation (or a filesystem that
+    // persisted a size but not the data) leaves: nothing was written there, so nothing is torn.
     let f = Fixture::new();
     let store = f.open();
     acquire(&store, "acct", "k", fp(1));
     drop(store);
     let path = f.segment_path(1);
     let mut bytes = f.fs.read_file(&path).unwrap();
+    let valid_len = bytes.len();
     bytes.extend_from_slice(&[0u8; 4096]);
     f.fs.write_file(&path, &bytes);
     let store = f.open();
-    assert_eq!(
-        store
-            .recovery_report()
-            .torn_tail
-            .as_ref()
-            .unwrap()
-            .discarded,
-        4096
-    );
+    assert_eq!(store.recovery_report().torn_tail, None);
+    assert!(store.get(b"acct", b"k").unwrap().is_some());
+    // Appends go on where the frames ended, and survive another reopen.
+    acquire(&store, "acct", "k2", fp(1));
+    drop(store);
+    let reopened = f.fs.read_file(&path).unwrap();
+    assert_eq!(reopened[..valid_len], bytes[..valid_len]);
+    let store = f.open();
+    assert!(store.get(b"acct", b"k2").unwrap().is_some());
+}
+
+#[test]
+fn a_torn_frame_before_zeros_is_still_a_torn_tail() {
+    let f = Fixture::new();
+    let store = f.open();
+    acquire(&store, "acct", "k", fp(1));
+    drop(store);
+    let path = f.segment_path(1);
+    let mut bytes = f.fs.read_file(&path).unwrap();
+    let valid_len = bytes.len() as u64;
+    let frame = raw_frame(1, valid_len, b"\x06\x01\x00\x00\x00\x00\x00\x00\x00");
+    // Cut inside the header's checksum: the zeros after it cannot complete the frame.
+    bytes.extend_from_slice(&frame[..22]);
+    bytes.extend_from_slice(&[0u8; 4096]);
+    f.fs.write_file(&path, &bytes);
+    let store = f.open();
+    let torn = store
+        .recovery_report()
+        .torn_tail
+        .clone()
+        .expect("torn tail reported");
+    assert_eq!(torn.offset, valid_len);
     assert!(store.get(b"acct", b"k").unwrap().is_some());
 }
 

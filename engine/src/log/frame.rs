@@ -150,4 +150,13 @@ mod tests {
             assert_eq!(decode(&buf[..len]).err(), Some(FrameDamage::Truncated));
         }
     }
+
+    #[test]
+    fn zeros_are_never_a_frame() {
+        // Recovery reads a run of zeros as the writer's preallocated space, never as frames.
+        assert_eq!(
+            decode(&[0u8; 4096]).err(),
+            Some(FrameDamage::HeaderChecksum)
+        );
+    }
 }
