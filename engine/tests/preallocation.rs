@@ -118,3 +118,20 @@ fn zeros_a_crash_left_are_cut_and_every_record_stays() {
         );
     }
 }
+
+#[test]
+fn durability_none_writes_no_zeros_ahead() {
+    let dir = TempDir::new("prealloc-none");
+    let store = Store::open(
+        &dir.0,
+        Options::default()
+            .storage(Arc::new(FsStorage))
+            .durability(idemlog::Durability::None),
+    )
+    .unwrap();
+    acquire(&store, "acct", "k", fp(1));
+    store.sync().unwrap();
+    let active = segments(&dir.0).pop().unwrap();
+    assert!(std::fs::metadata(&active).unwrap().len() < 4096);
+    store.close().unwrap();
+}

@@ -58,8 +58,9 @@ const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
 /// writes data. So a leader whose write runs past the end first extends the file with zeros to the
 /// next multiple of this size, and the following fdatasyncs, until the frames reach the end again,
 /// find no size change. Measured on the 2-core test machine's virtual disk (ext4): one 3 KB write
-/// and fdatasync 130 µs instead of 200 µs, 51 µs of CPU instead of 69; over HTTP in `Sync`
-/// (BENCHMARKS.md, issue 23) 5 % less server CPU per request.
+/// and fdatasync 130 µs instead of 200 µs, 51 µs of CPU instead of 69; sync claims +38 % on one
+/// thread and +124 % for 64 tasks; over HTTP in `Sync` 7 % less server CPU per request
+/// (BENCHMARKS.md, issue 23). Not under `Durability::None`.
 pub(crate) const PREALLOCATE: u32 = 1 << 20;
 
 /// The zeros written ahead ([`PREALLOCATE`]): a zero-initialised static costs no memory until read.
@@ -633,8 +634,9 @@ impl LogWriter {
         let (mut data, generation) = Self::take_buffer(st);
         let active = st.active.clone();
         let new_written = st.buf_start;
-        // Zeros ahead of the frames when they run past the file's end (see `PREALLOCATE`).
-        let fill = (new_written > st.allocated)
+        // Zeros ahead of the frames when they run past the file's end (see `PREALLOCATE`); not
+        // under `None`, which fdatasyncs only on request and would only pay for the extra write.
+        let fill = (new_written > st.allocated && self.durability != Durability::None)
             .then(|| (new_written, preallocate_to(new_written, self.segment_size)));
         let do_sync = (sync || self.durability == Durability::Sync) && st.synced < new_written;
         let batch = if do_sync {
