@@ -890,10 +890,21 @@ async fn a_disk_with_room_for_less_than_a_full_record_keeps_the_store_unready() 
     );
     // 256 bytes left: less than one payment writes, more than a token write needs. A healer that
     // proved itself with a small write would call this store ready, fail the next payment, and
-    // alternate between serving and 503 for as long as the disk stays full.
+    // alternate between serving and 503 for as long as the disk stays full. The log's newest
+    // segment already holds up to 1 MiB of zeros ahead of its records (the engine's
+    // preallocation), so payments go on into that space until the log needs more.
     t.fs.set_capacity(Some(t.fs.used_bytes() + 256));
-    let failed = t.pay(KEY_A, "order-1", BODY).await;
-    assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE, "{failed:?}");
+    let mut failed_order = None;
+    for i in 1..=5_000 {
+        let order = format!("order-{i}");
+        let reply = t.pay(KEY_A, &order, BODY).await;
+        if reply.status == StatusCode::SERVICE_UNAVAILABLE {
+            failed_order = Some(order);
+            break;
+        }
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let failed_order = failed_order.expect("the disk never filled up");
     // Several reopen attempts (100, 200, 400, 800 ms apart): none may declare the store ready.
     let watch_until = tokio::time::Instant::now() + Duration::from_millis(1600);
     while tokio::time::Instant::now() < watch_until {
@@ -916,6 +927,6 @@ async fn a_disk_with_room_for_less_than_a_full_record_keeps_the_store_unready() 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let after = t.pay(KEY_A, "order-1", BODY).await;
+    let after = t.pay(KEY_A, &failed_order, BODY).await;
     assert_eq!(after.status, StatusCode::CREATED, "{after:?}");
 }

@@ -637,7 +637,8 @@ impl LogWriter {
         // Zeros ahead of the frames when they run past the file's end (see `PREALLOCATE`); not
         // under `None`, which fdatasyncs only on request and would only pay for the extra write.
         let fill = (new_written > st.allocated && self.durability != Durability::None)
-            .then(|| (new_written, preallocate_to(new_written, self.segment_size)));
+            .then(|| (new_written, preallocate_to(new_written, self.segment_size)))
+            .filter(|&(from, to)| to > from);
         let do_sync = (sync || self.durability == Durability::Sync) && st.synced < new_written;
         let batch = if do_sync {
             std::mem::take(&mut st.unsynced_ops)
@@ -646,19 +647,21 @@ impl LogWriter {
         };
         st.flushing = true;
         let result = MutexGuard::unlocked(st, || -> Result<()> {
-            if !data.is_empty() {
-                active
-                    .file
-                    .write_at(u64::from(offset), &data)
-                    .map_err(|e| Error::io("write", &active.path, e))?;
-                self.counters.writes.fetch_add(1, Ordering::Relaxed);
-            }
+            // The zeros first: a disk too full for them fails the round before any frame of it
+            // reaches the file.
             if let Some((from, to)) = fill {
                 let zeros = &ZEROS[..(to - from) as usize];
                 active
                     .file
                     .write_at(u64::from(from), zeros)
                     .map_err(|e| Error::io("write", &active.path, e))?;
+            }
+            if !data.is_empty() {
+                active
+                    .file
+                    .write_at(u64::from(offset), &data)
+                    .map_err(|e| Error::io("write", &active.path, e))?;
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
             }
             if do_sync {
                 timed_sync(&active, &self.histograms)?;
