@@ -135,3 +135,43 @@ fn durability_none_writes_no_zeros_ahead() {
     assert!(std::fs::metadata(&active).unwrap().len() < 4096);
     store.close().unwrap();
 }
+
+#[test]
+fn a_write_the_disk_has_no_room_to_prepare_for_leaves_no_frame_behind() {
+    // The zeros ahead are written before the frames: when the disk cannot take them, the round
+    // fails with none of its frames in the file, so the unacknowledged claim is not there after a
+    // reopen either. (Frames first, the claim that crosses the preallocated end would fit in the
+    // 2 000 bytes left, land in the file, and be found after the reopen.)
+    let f = common::Fixture::new();
+    let store = f.open();
+    // Most of the first preallocated MiB, in big frames.
+    let big = "x".repeat(60 << 10);
+    for i in 0..16 {
+        let token = acquire(&store, "acct", &format!("big{i}"), fp(1));
+        store.complete(&token, &created(&big), &[]).unwrap();
+    }
+    f.fs.set_capacity(Some(f.fs.used_bytes() + 2_000));
+    let mut failed = None;
+    for i in 0..20_000 {
+        let key = format!("k{i}");
+        match store.claim(b"acct", key.as_bytes(), &fp(1), common::TTL) {
+            Ok(idemlog::ClaimOutcome::Acquired(_)) => {}
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => {
+                failed = Some(key);
+                break;
+            }
+        }
+    }
+    let failed = failed.expect("the disk never filled up");
+    assert!(store.is_poisoned());
+    drop(store);
+    f.fs.set_capacity(None);
+    let store = f.open();
+    assert_eq!(
+        store.get(b"acct", failed.as_bytes()).unwrap(),
+        None,
+        "the failed claim of {failed} is not in the log"
+    );
+    assert!(store.get(b"acct", b"big0").unwrap().is_some());
+}
