@@ -15,8 +15,8 @@
 # per request: transactions (Δ pg_stat_database.xact_commit), WAL flushes (Δ pg_stat_wal.wal_sync)
 # and WAL writes (Δ wal_write), and CPU time per request: the whole machine's (busy jiffies in
 # /proc/stat: the database, the servers and the load generator) and the servers' own (their
-# /proc/<pid>/stat), so the budget behind the ratio can be read off. The cluster runs with fsync=on, synchronous_commit=on
-# (scripts/pg-test-cluster). The server: --gateway-latency 0ms, RUST_LOG=warn, pool 16.
+# /proc/<pid>/stat), so the budget behind the ratio can be read off. The cluster runs with
+# fsync=on, synchronous_commit=on (scripts/pg-test-cluster). The server: --gateway-latency 0ms, RUST_LOG=warn, pool 16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -101,18 +101,17 @@ measure() { # label requests-command...: runs it, records rate and per-request d
   requests=${out% *}; secs=${out#* }
   sleep 1.2
   read -r c1 s1 w1 <<<"$(counters)"
-  local rate; rate=$(echo "$requests / $secs" | bc -l)
-  rates[$label]+="$rate "
-  tx[$label]+="$(echo "($c1 - $c0) / $requests" | bc -l) "
-  flushes[$label]+="$(echo "($s1 - $s0) / $requests" | bc -l) "
-  writes[$label]+="$(echo "($w1 - $w0) / $requests" | bc -l) "
-  machine_us[$label]+="$(echo "($m1 - $m0) * 1000000 / $hz / $requests" | bc -l) "
-  server_us[$label]+="$(echo "($v1 - $v0) * 1000000 / $hz / $requests" | bc -l) "
+  local rate t f w mu su
+  rate=$(echo "$requests / $secs" | bc -l)
+  t=$(echo "($c1 - $c0) / $requests" | bc -l)
+  f=$(echo "($s1 - $s0) / $requests" | bc -l)
+  w=$(echo "($w1 - $w0) / $requests" | bc -l)
+  mu=$(echo "($m1 - $m0) * 1000000 / $hz / $requests" | bc -l)
+  su=$(echo "($v1 - $v0) * 1000000 / $hz / $requests" | bc -l)
+  rates[$label]+="$rate "; tx[$label]+="$t "; flushes[$label]+="$f "; writes[$label]+="$w "
+  machine_us[$label]+="$mu "; server_us[$label]+="$su "
   printf '  %-9s %8.0f /s  tx/req %.2f  wal_sync/req %.3f  wal_write/req %.3f  machine µs/req %.0f  server µs/req %.0f\n' \
-    "$label" "$rate" \
-    "$(echo "($c1 - $c0) / $requests" | bc -l)" "$(echo "($s1 - $s0) / $requests" | bc -l)" \
-    "$(echo "($w1 - $w0) / $requests" | bc -l)" "$(echo "($m1 - $m0) * 1000000 / $hz / $requests" | bc -l)" \
-    "$(echo "($v1 - $v0) * 1000000 / $hz / $requests" | bc -l)" >&2
+    "$label" "$rate" "$t" "$f" "$w" "$mu" "$su" >&2
 }
 
 pgbench_run() {

@@ -235,11 +235,7 @@ impl LogWriter {
     /// touches a file again, so the directory may be handed to another store (in this process too).
     pub(crate) fn shut(&self) {
         let mut st = self.state.lock();
-        st.idle_waiters += 1;
-        while st.flushing || st.gathering {
-            self.idle.wait(&mut st);
-        }
-        st.idle_waiters -= 1;
+        self.wait_idle(&mut st);
         st.shut = true;
         Self::cut_zeros(&mut st);
         for waiting in &self.flushed {
@@ -256,12 +252,17 @@ impl LogWriter {
     /// effort: every frame stays, and recovery cuts zeros a failure here leaves behind.
     pub(crate) fn trim(&self) {
         let mut st = self.state.lock();
+        self.wait_idle(&mut st);
+        Self::cut_zeros(&mut st);
+    }
+
+    /// Waits until no leader is writing outside the mutex and none is gathering.
+    fn wait_idle(&self, st: &mut MutexGuard<'_, State>) {
         st.idle_waiters += 1;
         while st.flushing || st.gathering {
-            self.idle.wait(&mut st);
+            self.idle.wait(st);
         }
         st.idle_waiters -= 1;
-        Self::cut_zeros(&mut st);
     }
 
     fn cut_zeros(st: &mut State) {
@@ -714,11 +715,7 @@ impl LogWriter {
     }
 
     fn rotate_phases(&self, st: &mut MutexGuard<'_, State>) -> Result<()> {
-        st.idle_waiters += 1;
-        while st.flushing || st.gathering {
-            self.idle.wait(st);
-        }
-        st.idle_waiters -= 1;
+        self.wait_idle(st);
         self.check(st)?;
         let old = st.active.clone();
 

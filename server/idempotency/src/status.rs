@@ -4,10 +4,10 @@
 //! same function ([`crate::key::parse`]): `abc` and `"abc"` (`%22abc%22`) name the same key, and a
 //! segment the header would refuse is the same 400. One rule; the OpenAPI document declares it for
 //! the segment without `%` ([`crate::key::PATH_PATTERN`]), because clients disagree on whether a
-//! `%` in a value needs encoding; a key holding one is still found when sent as `%25`. The scope is the authenticated caller's, as for the
-//! request that claimed it. A key the scope never used, one that expired and one of another scope
-//! are the same 404. Reading never claims, extends, releases or changes anything: it is one
-//! [`IdempotencyStore::get`](crate::IdempotencyStore::get).
+//! `%` in a value needs encoding; a key holding one is still found when sent as `%25`. The scope
+//! is the authenticated caller's, as for the request that claimed it. A key the scope never used,
+//! one that expired and one of another scope are the same 404. Reading never claims, extends,
+//! releases or changes anything: it is one [`IdempotencyStore::get`](crate::IdempotencyStore::get).
 
 use std::time::Duration;
 
