@@ -175,3 +175,19 @@ fn a_write_the_disk_has_no_room_to_prepare_for_leaves_no_frame_behind() {
     );
     assert!(store.get(b"acct", b"big0").unwrap().is_some());
 }
+
+#[test]
+fn a_frame_bigger_than_the_zeros_ahead_is_written_whole() {
+    // The zeros run from the file's end to the next MiB past the frames: for one frame of several
+    // MiB that is several MiB of zeros, written in pieces. (A 4 MiB probe record once panicked
+    // here, slicing more zeros than there are.)
+    let dir = TempDir::new("prealloc-big-frame");
+    let store = open(&dir.0, 64 << 20);
+    let big = vec![7u8; 3 << 20];
+    store
+        .side_write(&[idemlog::SideWrite::put("ns", "big", big.clone())])
+        .unwrap();
+    store.close().unwrap();
+    let store = open(&dir.0, 64 << 20);
+    assert_eq!(store.side_get(b"ns", b"big").unwrap().unwrap(), big);
+}

@@ -637,9 +637,11 @@ impl LogWriter {
         let new_written = st.buf_start;
         // Zeros ahead of the frames when they run past the file's end (see `PREALLOCATE`); not
         // under `None`, which fdatasyncs only on request and would only pay for the extra write.
+        // They start at the file's end, not the frames' end, so no write ever leaves a hole (a
+        // read of a hole through a map must allocate, and on a full tmpfs that is a SIGBUS); the
+        // frames then overwrite the zeros' first bytes.
         let fill = (new_written > st.allocated && self.durability != Durability::None)
-            .then(|| (new_written, preallocate_to(new_written, self.segment_size)))
-            .filter(|&(from, to)| to > from);
+            .then(|| (st.allocated, preallocate_to(new_written, self.segment_size)));
         let do_sync = (sync || self.durability == Durability::Sync) && st.synced < new_written;
         let batch = if do_sync {
             std::mem::take(&mut st.unsynced_ops)
@@ -651,11 +653,16 @@ impl LogWriter {
             // The zeros first: a disk too full for them fails the round before any frame of it
             // reaches the file.
             if let Some((from, to)) = fill {
-                let zeros = &ZEROS[..(to - from) as usize];
-                active
-                    .file
-                    .write_at(u64::from(from), zeros)
-                    .map_err(|e| Error::io("write", &active.path, e))?;
+                // In pieces: under a big frame the span runs several MiB.
+                let mut at = from;
+                while at < to {
+                    let len = (to - at).min(PREALLOCATE);
+                    active
+                        .file
+                        .write_at(u64::from(at), &ZEROS[..len as usize])
+                        .map_err(|e| Error::io("write", &active.path, e))?;
+                    at += len;
+                }
             }
             if !data.is_empty() {
                 active

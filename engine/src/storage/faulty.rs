@@ -642,6 +642,14 @@ impl StorageFile for FaultyFile {
             }
         }
         let inode = self.inode(&mut s)?;
+        if offset > inode.data.len() as u64 {
+            // The engine never writes past a file's end: the gap would be a hole, which a read
+            // through a memory map must fill, and on a full tmpfs that fault is a SIGBUS.
+            return Err(io::Error::other(format!(
+                "write at {offset} would leave a hole after the file's end at {}",
+                inode.data.len()
+            )));
+        }
         write_into(&mut inode.data, offset, data);
         inode.unsynced.push(Change::Write {
             offset,
