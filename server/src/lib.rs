@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod log_buffer;
 pub mod metrics;
 pub mod openapi;
 pub mod payments;

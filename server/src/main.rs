@@ -4,7 +4,7 @@
 //! open after `--shutdown-grace` are closed), wait up to `--shutdown-grace` again for handlers whose
 //! clients already left, then close the store, which flushes and syncs the log.
 
-use std::io::{BufWriter, IsTerminal};
+use std::io::{IsTerminal, Stderr};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -14,10 +14,10 @@ use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacte
 use idemlog_idempotency::{StoreError, StoreHandle};
 use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
 use idemlog_server::config::{Config, LogFormat, StoreChoice, Switch};
+use idemlog_server::log_buffer::{LogGuard, log_buffer};
 use idemlog_server::router::{RouterConfig, Services, router};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
-use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc instead of glibc malloc: a request allocates and frees a few dozen small blocks, often on
@@ -54,26 +54,14 @@ enum ServerError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// The log writer thread's buffer: it writes when this fills or when its queue runs empty.
-const LOG_BUFFER_BYTES: usize = 64 * 1024;
-
-/// Log lines go to stderr through a writer thread: request paths hand each line over a channel
-/// instead of making a `write` system call each, and the thread writes whatever has queued in one
-/// call (with stderr into a pipe, where each `write` also wakes the reader, this gave 15 % more
-/// req/s; BENCHMARKS.md, issue 23, third step). `lossy(false)`: when the queue is full (a stalled
-/// log reader), a request waits for room rather than drop a line, as a blocking `write` did. The
-/// returned guard flushes what is queued when `main` returns; a crash can lose the lines still
-/// queued.
-fn init_logging(format: LogFormat) -> WorkerGuard {
+/// Log lines go to stderr through a batching writer thread ([`log_buffer`]): a request appends its
+/// line to a shared buffer and the `idemlog-log` thread writes what has gathered in one call. The
+/// returned guard writes what is pending when `main` returns; a crash can lose the lines of the
+/// last few milliseconds (README, "Logs").
+fn init_logging(format: LogFormat) -> std::io::Result<LogGuard<Stderr>> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::stderr().is_terminal();
-    let (writer, guard) = NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("idemlog-log")
-        .finish(BufWriter::with_capacity(
-            LOG_BUFFER_BYTES,
-            std::io::stderr(),
-        ));
+    let (writer, guard) = log_buffer(std::io::stderr())?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -82,13 +70,19 @@ fn init_logging(format: LogFormat) -> WorkerGuard {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    guard
+    Ok(guard)
 }
 
 fn main() -> ExitCode {
     let (config, store_choice) =
         Config::parse_with_store(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    let _log_guard = init_logging(config.log_format);
+    let _log_guard = match init_logging(config.log_format) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("could not start the log writer thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
