@@ -57,7 +57,7 @@ enum ServerError {
 /// Log lines go to stderr through a batching writer thread ([`log_buffer`]): a request appends its
 /// line to a shared buffer and the `idemlog-log` thread writes what has gathered in one call. The
 /// returned guard writes what is pending when `main` returns; a crash can lose the lines of the
-/// last few milliseconds (README, "Logs").
+/// last 10 ms (README, "What a request logs").
 fn init_logging(format: LogFormat) -> std::io::Result<LogGuard<Stderr>> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::stderr().is_terminal();
