@@ -293,18 +293,27 @@ impl<V: Tally> Table<V> {
         self.table.len()
     }
 
-    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
-        let h = hash as u32;
-        self.table
-            .find(spread(h), |b| {
-                b.hash == h && Self::key_at(&self.chunks, b.slot) == key
-            })
-            .map(|b| b.slot)
-    }
-
     pub(crate) fn get(&self, hash: u64, key: &[u8]) -> Option<&V> {
-        let index = self.find(hash, key)?;
-        self.slot(index).as_ref().map(|(_, v)| v)
+        let h = hash as u32;
+        let mut found = None;
+        self.table.find(spread(h), |b| {
+            if b.hash != h {
+                return false;
+            }
+            let Some((stored, value)) = self.slot(b.slot) else {
+                return false;
+            };
+            // A slot spans two or three cache lines, and in an index larger than the cache each
+            // is a miss. Load the value's before comparing the key, so that the two misses
+            // overlap instead of the value's waiting behind the key comparison.
+            std::hint::black_box(value.bytes());
+            let equal = stored.as_bytes() == key;
+            if equal {
+                found = Some(value);
+            }
+            equal
+        });
+        found
     }
 
     /// Inserts or replaces, with one probe of the table.
