@@ -6,6 +6,7 @@
 //! until that record's frame is durable before it is returned, so no caller ever acts on (or replays)
 //! a record a crash could still take back.
 
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,8 +24,8 @@ use crate::index::{
 };
 use crate::limits;
 use crate::log::flusher::Flusher;
-use crate::log::op::{self, Head, NEVER, Op, Response};
-use crate::log::segment::Loc;
+use crate::log::op::{self, Head, NEVER, Op, RecordTail, Response};
+use crate::log::segment::{Kind, Loc};
 use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::LogWriter;
 use crate::maintenance::Maintenance;
@@ -380,30 +381,42 @@ impl Store {
                         }
                         return Ok(ready(ClaimOutcome::Mismatch));
                     }
-                    // Same prefix: the full fingerprint is in the log. Read it without the lock.
-                    let file = core.segments.get(entry.loc.segment);
-                    drop(map);
-                    if let Some(pending) = self.observe(entry.loc.end())? {
-                        return Ok(Deferred::NotVisible(pending));
-                    }
-                    let stored = self.read_record(&file, entry.loc)?;
-                    if stored.fingerprint != fingerprint.0 {
-                        return Ok(ready(ClaimOutcome::Mismatch));
-                    }
-                    match (entry.lease_until, stored.response) {
-                        (None, Some(response)) => {
+                    // Same prefix: the full fingerprint is in the log. Read it without the shard
+                    // lock. A record already visible (every replay but one racing its own
+                    // completion) is read under the segment list's read lock, taken before the
+                    // shard lock is let go so that compaction cannot remove the segment in
+                    // between, and released before anything below waits or locks again.
+                    let end = entry.loc.end();
+                    let seen = if core.writer.is_visible(end) {
+                        let file = core
+                            .segments
+                            .read(entry.loc.segment)
+                            .ok_or_else(|| no_segment(core, entry.loc))?;
+                        drop(map);
+                        claim_view(&file, &entry, scope, key, fingerprint)?
+                    } else {
+                        let file = core.segments.get(entry.loc.segment);
+                        drop(map);
+                        if let Some(pending) = self.observe(end)? {
+                            return Ok(Deferred::NotVisible(pending));
+                        }
+                        claim_view(&file, &entry, scope, key, fingerprint)?
+                    };
+                    match seen {
+                        Seen::Mismatch => return Ok(ready(ClaimOutcome::Mismatch)),
+                        Seen::Completed(response) => {
                             return Ok(ready(ClaimOutcome::Completed(response)));
                         }
                         // Judged on the monotonic clock: a wall-clock step must neither expire a
                         // running handler's claim nor stretch a dead one's.
-                        (Some(lease), _) if lease.get() > self.monotonic() => {
+                        Seen::InProgress(lease) if lease.get() > self.monotonic() => {
                             return Ok(ready(ClaimOutcome::InProgress {
                                 retry_after: Duration::from_millis(
                                     lease.get() - self.monotonic().min(lease.get()),
                                 ),
                             }));
                         }
-                        (Some(_), _) => {
+                        Seen::InProgress(_) => {
                             // Take over, unless the record changed while we were reading.
                             map = shard.lock();
                             if map.get(hash, id.as_bytes()) != Some(&entry) {
@@ -411,7 +424,6 @@ impl Store {
                             }
                             Some(Takeover::LeaseExpired)
                         }
-                        (None, None) => return Err(bad_location(&file, entry.loc)),
                     }
                 }
                 Some(_) => Some(Takeover::Expired),
@@ -901,12 +913,6 @@ impl Store {
         self.wait_readable(file, loc)?;
         file.read(loc)
     }
-
-    /// The record snapshot at `loc`, once the log is visible up to it.
-    fn read_record(&self, file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
-        self.wait_readable(file, loc)?;
-        stored_record(file, loc)
-    }
 }
 
 /// The public view of the record `entry` describes, read from `file` (which holds `entry.loc`).
@@ -953,6 +959,67 @@ fn stored_record(file: &SegmentFile, loc: Loc) -> Result<StoredRecord> {
         }),
         _ => Err(bad()),
     }
+}
+
+/// What a claim learns from the snapshot of a live record whose fingerprint prefix matched its own.
+enum Seen {
+    /// The full fingerprint differs.
+    Mismatch,
+    /// Completed, with the same fingerprint: the response to replay.
+    Completed(StoredResponse),
+    /// In progress, with the same fingerprint, under this lease deadline (the entry's).
+    InProgress(NonZeroU64),
+}
+
+/// Reads what a claim of `(scope, key)` with `fingerprint` needs from the snapshot `entry` points at
+/// in `file`, whose bytes the caller has made visible ([`LogWriter::is_visible`] or
+/// [`Store::observe`]). The bytes are decoded where they lie (in the file's memory map when one
+/// covers them): only a replayed response is copied out. The snapshot must be the record's own:
+/// its scope and key are compared with the claim's, so a broken index location can never serve one
+/// key's response to another key or scope.
+fn claim_view(
+    file: &SegmentFile,
+    entry: &Entry,
+    scope: &[u8],
+    key: &[u8],
+    fingerprint: &Fingerprint,
+) -> Result<Seen> {
+    let loc = entry.loc;
+    file.written_up_to(loc);
+    let bad = || bad_location(file, loc);
+    file.with_bytes(loc, |bytes| {
+        let (head, tail) = op::decode_record_at(bytes).map_err(|_| bad())?;
+        if head.scope != scope || head.key != key {
+            return Err(bad());
+        }
+        let same = head.fingerprint == fingerprint.0;
+        match (entry.lease_until, tail) {
+            (None, RecordTail::Completed { response }) if same => Ok(Seen::Completed(
+                op::owned_response(response).map_err(|_| bad())?,
+            )),
+            (None, RecordTail::InProgress) => Err(bad()),
+            (lease, tail) => {
+                // Checked as a read of the whole operation would check it, though not returned.
+                if let RecordTail::Completed { response } = tail {
+                    op::check_response(response).map_err(|_| bad())?;
+                }
+                Ok(match lease {
+                    Some(lease) if same => Seen::InProgress(lease),
+                    _ => Seen::Mismatch,
+                })
+            }
+        }
+    })?
+}
+
+/// The error for an index location whose segment is not open: a broken invariant, reported as
+/// corruption at that location rather than a panic.
+fn no_segment(core: &Core, loc: Loc) -> Error {
+    Error::corrupt(
+        core.segments.path(loc.segment, Kind::Log),
+        u64::from(loc.offset),
+        Corruption::Malformed("index location names no open segment"),
+    )
 }
 
 /// A record read back from the log.

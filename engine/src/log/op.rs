@@ -364,6 +364,86 @@ pub(crate) fn decode_at(bytes: &[u8]) -> Result<Op<'_>, OpError> {
     Ok(op)
 }
 
+/// The rest of a record snapshot after its head, as [`decode_record_at`] leaves it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RecordTail<'a> {
+    /// An in-progress snapshot (tags 0x01 and 0x07), decoded to its end. (Its persisted
+    /// `lease_until` is not kept: no decision uses it.)
+    InProgress,
+    /// A completed snapshot (tags 0x02 and 0x08): its encoded response, still to be decoded and
+    /// checked, with [`owned_response`] or [`check_response`].
+    Completed { response: &'a [u8] },
+}
+
+/// Decodes the record snapshot stored at a location up to its response, in one pass over the
+/// bytes, so that a claim can compare fingerprints before building anything. Together with
+/// [`owned_response`] or [`check_response`] on a completed snapshot's response, it accepts exactly
+/// the record snapshots [`decode_at`] accepts; any other operation is an error.
+pub(crate) fn decode_record_at(bytes: &[u8]) -> Result<(Head<'_>, RecordTail<'_>), OpError> {
+    let mut d = Decoder::new(bytes);
+    let tag = d.u8()?;
+    match tag {
+        IN_PROGRESS | IN_PROGRESS_DIGEST => {
+            let head = decode_head(&mut d, tag == IN_PROGRESS_DIGEST)?;
+            d.u64()?;
+            if !d.is_empty() {
+                return Err(OpError::Malformed("operation length mismatch"));
+            }
+            Ok((head, RecordTail::InProgress))
+        }
+        COMPLETED | COMPLETED_DIGEST => {
+            let head = decode_head(&mut d, tag == COMPLETED_DIGEST)?;
+            Ok((
+                head,
+                RecordTail::Completed {
+                    response: &bytes[d.position()..],
+                },
+            ))
+        }
+        RELEASED | SIDE_PUT | SIDE_REMOVE | FENCE_FLOOR => {
+            Err(OpError::Malformed("not a record snapshot"))
+        }
+        other => Err(OpError::UnknownTag(other)),
+    }
+}
+
+/// Checks an encoded response that must span all of `raw` (the checks [`decode_at`] makes).
+pub(crate) fn check_response(raw: &[u8]) -> Result<(), OpError> {
+    let mut d = Decoder::new(raw);
+    decode_response_extent(&mut d, raw)?;
+    if !d.is_empty() {
+        return Err(OpError::Malformed("operation length mismatch"));
+    }
+    Ok(())
+}
+
+/// Decodes an encoded response that must span all of `raw` into a value that owns copies of its
+/// header values and body, with the checks of [`check_response`], in one pass. For a replay read
+/// straight out of a memory map: the copies are the only allocations besides the header list and
+/// names, and none of them is shared, so dropping the response touches no reference count.
+pub(crate) fn owned_response(raw: &[u8]) -> Result<StoredResponse, OpError> {
+    let mut d = Decoder::new(raw);
+    let status = d.u16()?;
+    let count = usize::from(d.u16()?);
+    // A header takes at least 3 bytes (two lengths): never reserve more than the bytes can hold.
+    let mut headers = Vec::with_capacity(count.min(raw.len() / 3));
+    for _ in 0..count {
+        let name = std::str::from_utf8(d.bytes8()?)
+            .map_err(|_| OpError::Malformed("header name is not UTF-8"))?;
+        let value = Bytes::copy_from_slice(d.bytes16()?);
+        headers.push((name.to_owned(), value));
+    }
+    let body = Bytes::copy_from_slice(d.bytes32()?);
+    if !d.is_empty() {
+        return Err(OpError::Malformed("operation length mismatch"));
+    }
+    Ok(StoredResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
 /// Turns an encoded response (a sub-slice of `owner`) into a value whose body shares `owner`'s memory.
 pub(crate) fn response_from(owner: &Bytes, raw: &[u8]) -> Result<StoredResponse, OpError> {
     let mut d = Decoder::new(raw);
@@ -494,6 +574,127 @@ mod tests {
         };
         assert_eq!(h, with);
         assert_eq!(response_from(&owner, raw).unwrap(), response);
+    }
+
+    /// A record snapshot as the claim path sees it: the head's fields and, if completed, the
+    /// response (owned, for comparison).
+    type View = (
+        Vec<u8>,
+        Vec<u8>,
+        [u8; 32],
+        u64,
+        u64,
+        u64,
+        Vec<u8>,
+        Option<StoredResponse>,
+    );
+
+    fn view(h: &Head<'_>, response: Option<StoredResponse>) -> View {
+        (
+            h.scope.to_vec(),
+            h.key.to_vec(),
+            h.fingerprint,
+            h.fence,
+            h.created_at,
+            h.expires_at,
+            h.digest.to_vec(),
+            response,
+        )
+    }
+
+    /// Through `decode_at` and `response_from` (the reading every other path uses).
+    fn view_by_decode_at(bytes: &[u8]) -> Option<View> {
+        let owner = Bytes::copy_from_slice(bytes);
+        match decode_at(&owner).ok()? {
+            Op::InProgress { head, .. } => Some(view(&head, None)),
+            Op::Completed {
+                head,
+                response: Response::Encoded(raw),
+            } => Some(view(&head, Some(response_from(&owner, raw).ok()?))),
+            _ => None,
+        }
+    }
+
+    /// Through `decode_record_at` and `owned_response`, as a replay reads; `check_response` must
+    /// agree with `owned_response`.
+    fn view_by_record_at(bytes: &[u8]) -> Option<View> {
+        let (head, tail) = decode_record_at(bytes).ok()?;
+        match tail {
+            RecordTail::InProgress => Some(view(&head, None)),
+            RecordTail::Completed { response } => {
+                let owned = owned_response(response);
+                assert_eq!(
+                    check_response(response).is_ok(),
+                    owned.is_ok(),
+                    "check_response and owned_response disagree on {bytes:?}"
+                );
+                Some(view(&head, Some(owned.ok()?)))
+            }
+        }
+    }
+
+    #[test]
+    fn the_replay_decoding_accepts_and_returns_exactly_what_decode_at_does() {
+        let response = StoredResponse::new(201, &b"{\"id\":1}"[..])
+            .with_header("Content-Type", "application/json")
+            .with_header("Location", "/p/1");
+        let digest = Head {
+            digest: b"\x01digest",
+            ..head()
+        };
+        let ops = [
+            round_trip(Op::Completed {
+                head: head(),
+                response: Response::Value(&response),
+            }),
+            round_trip(Op::Completed {
+                head: digest,
+                response: Response::Value(&response),
+            }),
+            round_trip(Op::Completed {
+                head: head(),
+                response: Response::Value(&StoredResponse::new(204, Bytes::new())),
+            }),
+            round_trip(Op::InProgress {
+                head: head(),
+                lease_until: 5,
+            }),
+            round_trip(Op::InProgress {
+                head: digest,
+                lease_until: 5,
+            }),
+            round_trip(Op::Released {
+                scope: b"s",
+                key: b"k",
+                fence: 1,
+            }),
+            round_trip(Op::FenceFloor { next_fence: 3 }),
+        ];
+        let mut cases = 0;
+        for op in &ops {
+            let mut variants = vec![op.clone()];
+            variants.extend((0..op.len()).map(|n| op[..n].to_vec()));
+            let mut longer = op.clone();
+            longer.push(0);
+            variants.push(longer);
+            for at in 0..op.len() {
+                for flip in [0x01, 0x80, 0xff] {
+                    let mut bad = op.clone();
+                    bad[at] ^= flip;
+                    variants.push(bad);
+                }
+            }
+            for bytes in variants {
+                assert_eq!(
+                    view_by_record_at(&bytes),
+                    view_by_decode_at(&bytes),
+                    "the two decodings differ on {bytes:?}"
+                );
+                cases += 1;
+            }
+        }
+        assert!(cases > 1000);
+        assert!(view_by_record_at(&ops[0]).is_some_and(|v| v.7 == Some(response)));
     }
 
     #[test]

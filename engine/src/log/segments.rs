@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::Bytes;
-use parking_lot::RwLock;
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 
 use super::segment::{Kind, Loc, file_name};
 use crate::error::{Error, Result};
@@ -33,6 +33,20 @@ impl SegmentFile {
         self.file
             .read_at(u64::from(loc.offset), loc.len as usize)
             .map_err(|e| Error::io("read", &self.path, e))
+    }
+
+    /// Calls `f` on the bytes of one operation: borrowed from the file's memory map when one covers
+    /// them ([`StorageFile::read_mapped`]), else read into a buffer as [`SegmentFile::read`] does.
+    /// Only once the bytes are final (after [`SegmentFile::written_up_to`] for the active segment).
+    pub(crate) fn with_bytes<R>(&self, loc: Loc, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        debug_assert_eq!(loc.segment, self.id);
+        match self
+            .file
+            .read_mapped(u64::from(loc.offset), loc.len as usize)
+        {
+            Some(bytes) => Ok(f(bytes)),
+            None => self.read(loc).map(|bytes| f(&bytes)),
+        }
     }
 
     /// Tells the file that its bytes up to the end of `loc` are written and final
@@ -94,6 +108,20 @@ impl Segments {
             .get(&id)
             .cloned()
             .expect("index locations always name an open segment")
+    }
+
+    /// The segment `id`, borrowed under the read lock of the segment list rather than behind a
+    /// reference count of its own: a replay's lookup then costs no atomic increment and decrement
+    /// of a count that every caller shares. `None` if no open segment has that id (an index location
+    /// always names one). Like [`Segments::get`], take it while holding the index shard lock that
+    /// gave the location, so compaction cannot remove the segment in between.
+    ///
+    /// Hold the guard only for non-blocking work (reading and decoding the bytes): a rotation
+    /// (`Segments::insert`, under the log writer's mutex) waits for it, and a new reader waits
+    /// behind that rotation. Never wait for the writer, take an index shard lock, or read the
+    /// segment list again while holding it.
+    pub(crate) fn read(&self, id: u32) -> Option<MappedRwLockReadGuard<'_, SegmentFile>> {
+        RwLockReadGuard::try_map(self.files.read(), |files| files.get(&id).map(|f| &**f)).ok()
     }
 
     /// All open segments in id order.

@@ -449,6 +449,17 @@ impl LogWriter {
         self.flush(end, sync)
     }
 
+    /// Whether the log up to `end` may be shown to a caller now, without waiting: what
+    /// [`LogWriter::wait_visible`] waits for (durable under `Sync`, written to the OS otherwise).
+    pub(crate) fn is_visible(&self, end: Pos) -> bool {
+        let target = if self.durability == Durability::Sync {
+            &self.synced
+        } else {
+            &self.written
+        };
+        Pos(target.load(Ordering::Acquire)).covers(end)
+    }
+
     /// Whether the log up to `end` is fdatasynced.
     pub(crate) fn is_synced(&self, end: Pos) -> bool {
         Pos(self.synced.load(Ordering::Acquire)).covers(end)

@@ -158,6 +158,19 @@ impl StorageFile for FsFile {
         Ok(Bytes::from(buf))
     }
 
+    fn read_mapped(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        if let Some(map) = self.map.get() {
+            let start = usize::try_from(offset).unwrap_or(usize::MAX);
+            if let Some(bytes) = start.checked_add(len).and_then(|end| map.get(start..end)) {
+                return Some(bytes);
+            }
+        }
+        match self.prefix.get() {
+            Some(Some(prefix)) => prefix.get(offset, len),
+            _ => None,
+        }
+    }
+
     fn read_in_place(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         if len < SHARE_FROM || self.map.get().is_some() {
             return self.read_at(offset, len);
@@ -450,6 +463,39 @@ mod tests {
         file.written_prefix(data.len() as u64);
         let got = file.read_at(123, 4000).unwrap();
         assert_eq!(&got[..], &data[123..4123]);
+    }
+
+    #[test]
+    fn mapped_reads_borrow_exactly_the_bytes_a_read_copies_and_only_from_a_map() {
+        let dir = TempDir::new("mapped");
+        let file = create(&dir.0.join("c.seg"));
+        let data = pattern(3 * PREFIX_STEP);
+        let written = 2 * PREFIX_STEP + 100;
+        file.write_at(0, &data[..written]).unwrap();
+        assert_eq!(file.read_mapped(0, 32), None, "nothing mapped yet");
+        file.written_prefix(written as u64);
+        for (offset, len) in [
+            (0, 32),
+            (PREFIX_STEP - 10, 20),
+            (2 * PREFIX_STEP - 300, 300),
+        ] {
+            let read = file.read_at(offset as u64, len).unwrap();
+            assert_eq!(file.read_mapped(offset as u64, len), Some(&read[..]));
+        }
+        // Past the mapped steps (pread territory), and past the end: never from the map.
+        assert_eq!(file.read_mapped(2 * PREFIX_STEP as u64 - 10, 60), None);
+        assert_eq!(file.read_mapped(written as u64, 1), None);
+        assert_eq!(file.read_mapped(u64::MAX, 1), None);
+
+        file.write_at(written as u64, &data[written..]).unwrap();
+        file.seal().unwrap();
+        let read = file.read_at(2 * PREFIX_STEP as u64 + 50, 500).unwrap();
+        assert_eq!(
+            file.read_mapped(2 * PREFIX_STEP as u64 + 50, 500),
+            Some(&read[..]),
+            "a sealed file is read through its whole map"
+        );
+        assert_eq!(file.read_mapped(data.len() as u64 - 1, 2), None);
     }
 
     #[test]

@@ -52,6 +52,15 @@ pub trait StorageFile: Send + Sync + 'static {
     fn read_in_place(&self, offset: u64, len: usize) -> io::Result<Bytes> {
         self.read_at(offset, len)
     }
+    /// The bytes `[offset, offset + len)` borrowed from a memory map of the file, or `None` if no map
+    /// covers them (then use [`StorageFile::read_at`]). The same bytes `read_at` would copy out, with
+    /// the same rules: only bytes the file already holds for good (a sealed file, or a prefix declared
+    /// with [`StorageFile::written_prefix`]). For short reads that are decoded on the spot (a replay),
+    /// which then skip the copy and its allocation.
+    fn read_mapped(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let _ = (offset, len);
+        None
+    }
     /// Writes all of `data` at `offset`.
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
     /// fdatasync: makes written data durable.
