@@ -11,7 +11,9 @@ use tracing::Span;
 use crate::routes::UNMATCHED_ROUTE;
 
 /// The span of one request (for tower-http's `TraceLayer`): request id, method and route template,
-/// so that every log line of the request names them. At ERROR level, so that it is enabled
+/// so that every log line of the request names them, and on idempotent routes the scope and key,
+/// which the idempotency layer records ([`SCOPE_FIELD`](idemlog_idempotency::SCOPE_FIELD),
+/// [`KEY_FIELD`](idemlog_idempotency::KEY_FIELD)). At ERROR level, so that it is enabled
 /// whatever the log filter lets through (a span filtered out would leave the request's warnings
 /// without their id).
 pub fn make_span(request: &Request) -> Span {
@@ -29,5 +31,25 @@ pub fn make_span(request: &Request) -> Span {
         request_id = %id,
         method = %request.method(),
         route = %route,
+        // Filled in by the idempotency layer on the routes it wraps, instead of a span of its own.
+        scope = tracing::field::Empty,
+        key = tracing::field::Empty,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use idemlog_idempotency::{KEY_FIELD, SCOPE_FIELD};
+
+    use super::*;
+
+    #[test]
+    fn the_request_span_declares_the_fields_the_idempotency_layer_records() {
+        tracing::subscriber::with_default(tracing_subscriber::registry(), || {
+            let span = make_span(&Request::new(Body::empty()));
+            assert!(span.has_field(SCOPE_FIELD), "no {SCOPE_FIELD} field");
+            assert!(span.has_field(KEY_FIELD), "no {KEY_FIELD} field");
+        });
+    }
 }

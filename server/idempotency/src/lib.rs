@@ -82,7 +82,9 @@ pub mod store;
 
 pub use fingerprint::FingerprintMode;
 pub use key::{IdempotencyKey, KeyError};
-pub use layer::{IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight};
+pub use layer::{
+    IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight, KEY_FIELD, SCOPE_FIELD,
+};
 pub use outcome::{Outcome, OutcomeCounts};
 pub use problem::Problem;
 pub use scope::{ClaimInfo, Scope};

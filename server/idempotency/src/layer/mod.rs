@@ -3,8 +3,9 @@
 //! Request path, in order:
 //! 1. scope from the [`Scope`](crate::Scope) extension (none → 401), key from the header (bad →
 //!    400), body read up to the limit (over → 413): nothing has been claimed yet, nothing runs;
-//! 2. fingerprint, then everything that follows runs inside
-//!    `FinishOnDrop`: on the request's task, but moved to a task of
+//! 2. fingerprint, then everything that follows runs in a span naming the scope and key (the
+//!    enclosing span's `scope` and `key` fields when it declares them, else an `idempotency` span of
+//!    its own) and inside `FinishOnDrop`: on the request's task, but moved to a task of
 //!    its own if a client disconnects (axum drops the future), so that cannot cancel a claim, a
 //!    handler or a completion halfway;
 //! 3. claim: replay / 409 / 422 / store failure (503), or acquired;
@@ -38,4 +39,4 @@ mod service;
 pub use self::config::IdempotencyConfig;
 pub use self::in_flight::InFlight;
 pub use self::responses::retry_after_hint;
-pub use self::service::{IdempotencyLayer, Idempotent};
+pub use self::service::{IdempotencyLayer, Idempotent, KEY_FIELD, SCOPE_FIELD};

@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tower::{Layer, Service, ServiceExt};
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, Span, debug, error, info, info_span, warn};
 
 use crate::digest;
 use crate::fingerprint;
@@ -38,7 +38,18 @@ use crate::side_records::SideRecords;
 use crate::store::{Claim, ClaimExtras, Fingerprint, HeldClaim, StoreError, StoreHandle, Takeover};
 use crate::{ClaimInfo, Scope};
 
+/// The field of an enclosing span that the layer records the request's scope in, when that span
+/// declares it (`scope = tracing::field::Empty`); see [`IdempotencyLayer`].
+pub const SCOPE_FIELD: &str = "scope";
+/// The field of an enclosing span that the layer records the request's `Idempotency-Key` in.
+pub const KEY_FIELD: &str = "key";
+
 /// The idempotency layer. Cheap to clone; clones share the store, counters and in-flight count.
+///
+/// Logging: from the claim on, every line of the request is in a span naming its scope and key.
+/// An app whose request span declares both fields ([`SCOPE_FIELD`], [`KEY_FIELD`], as
+/// `tracing::field::Empty`) gets them recorded there, one span per request; otherwise the layer
+/// opens an `idempotency` span (INFO) of its own.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     shared: Arc<Shared>,
@@ -218,7 +229,7 @@ where
     parts.extensions.insert(key.clone());
     let request = Request::from_parts(parts, Body::from(bytes));
 
-    let span = info_span!("idempotency", scope = scope.as_str(), key = key.as_str());
+    let span = request_span(&scope, &key);
     let guard = shared.in_flight.enter();
     let work = FinishOnDrop::new(
         async move {
@@ -236,6 +247,22 @@ where
             );
             Problem::internal("the request could not be processed").into_response()
         }
+    }
+}
+
+/// The span the rest of the request runs in, naming its scope and key. When the span the request
+/// is already in declares `scope` and `key` fields (the server's request span does), they are
+/// recorded there; otherwise the layer opens its own `idempotency` span with them. Either way every
+/// line the layer, the handler and the store write from here on names both; a second span per
+/// request cost about 2 % of the server's CPU (BENCHMARKS.md, issue 23's seventh step).
+fn request_span(scope: &Scope, key: &IdempotencyKey) -> Span {
+    let current = Span::current();
+    if current.has_field(SCOPE_FIELD) && current.has_field(KEY_FIELD) {
+        current.record(SCOPE_FIELD, scope.as_str());
+        current.record(KEY_FIELD, key.as_str());
+        current
+    } else {
+        info_span!("idempotency", scope = scope.as_str(), key = key.as_str())
     }
 }
 
