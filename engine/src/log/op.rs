@@ -422,6 +422,20 @@ pub(crate) fn check_response(raw: &[u8]) -> Result<(), OpError> {
 /// straight out of a memory map: the copies are the only allocations besides the header list and
 /// names, and none of them is shared, so dropping the response touches no reference count.
 pub(crate) fn owned_response(raw: &[u8]) -> Result<StoredResponse, OpError> {
+    decode_response(raw, Bytes::copy_from_slice)
+}
+
+/// Turns an encoded response (a sub-slice of `owner`) into a value whose body shares `owner`'s memory.
+pub(crate) fn response_from(owner: &Bytes, raw: &[u8]) -> Result<StoredResponse, OpError> {
+    decode_response(raw, |bytes| owner.slice_ref(bytes))
+}
+
+/// Decodes an encoded response that must span all of `raw`, turning its header values and body into
+/// [`Bytes`] with `bytes_of`.
+fn decode_response(
+    raw: &[u8],
+    bytes_of: impl Fn(&[u8]) -> Bytes,
+) -> Result<StoredResponse, OpError> {
     let mut d = Decoder::new(raw);
     let status = d.u16()?;
     let count = usize::from(d.u16()?);
@@ -430,33 +444,12 @@ pub(crate) fn owned_response(raw: &[u8]) -> Result<StoredResponse, OpError> {
     for _ in 0..count {
         let name = std::str::from_utf8(d.bytes8()?)
             .map_err(|_| OpError::Malformed("header name is not UTF-8"))?;
-        let value = Bytes::copy_from_slice(d.bytes16()?);
-        headers.push((name.to_owned(), value));
+        headers.push((name.to_owned(), bytes_of(d.bytes16()?)));
     }
-    let body = Bytes::copy_from_slice(d.bytes32()?);
+    let body = bytes_of(d.bytes32()?);
     if !d.is_empty() {
         return Err(OpError::Malformed("operation length mismatch"));
     }
-    Ok(StoredResponse {
-        status,
-        headers,
-        body,
-    })
-}
-
-/// Turns an encoded response (a sub-slice of `owner`) into a value whose body shares `owner`'s memory.
-pub(crate) fn response_from(owner: &Bytes, raw: &[u8]) -> Result<StoredResponse, OpError> {
-    let mut d = Decoder::new(raw);
-    let status = d.u16()?;
-    let count = d.u16()?;
-    let mut headers = Vec::with_capacity(usize::from(count));
-    for _ in 0..count {
-        let name = std::str::from_utf8(d.bytes8()?)
-            .map_err(|_| OpError::Malformed("header name is not UTF-8"))?;
-        let value = owner.slice_ref(d.bytes16()?);
-        headers.push((name.to_owned(), value));
-    }
-    let body = owner.slice_ref(d.bytes32()?);
     Ok(StoredResponse {
         status,
         headers,

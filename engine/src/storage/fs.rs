@@ -133,14 +133,13 @@ impl StorageFile for FsFile {
     }
 
     fn read_at(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        if let Some(map) = self.map.get() {
+        // Large reads from the whole-file map share it and skip the copy. Small ones are copied out:
+        // sharing the map would put one reference count, bounced between cores, on every replay.
+        if len >= SHARE_FROM
+            && let Some(map) = self.map.get()
+        {
             let start = usize::try_from(offset).unwrap_or(usize::MAX);
             if let Some(end) = start.checked_add(len).filter(|&end| end <= map.len()) {
-                // Small reads are copied out: sharing the map would put one reference count, bounced
-                // between cores, on every replay. Large ones share it and skip the copy.
-                if len < SHARE_FROM {
-                    return Ok(Bytes::copy_from_slice(&map[start..end]));
-                }
                 return Ok(Bytes::from_owner(MapSlice {
                     map: Arc::clone(map),
                     start,
@@ -148,9 +147,7 @@ impl StorageFile for FsFile {
                 }));
             }
         }
-        if let Some(Some(prefix)) = self.prefix.get()
-            && let Some(bytes) = prefix.get(offset, len)
-        {
+        if let Some(bytes) = self.read_mapped(offset, len) {
             return Ok(Bytes::copy_from_slice(bytes));
         }
         let mut buf = vec![0u8; len];

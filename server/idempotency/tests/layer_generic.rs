@@ -1,5 +1,7 @@
 //! The layer on its own, around plain handlers: what any axum app that opts in gets.
 
+mod memory_store;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,9 +13,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idemlog::storage::FaultyStorage;
-use idemlog::{Durability, ManualClock, Options};
-use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog::Durability;
 use idemlog_idempotency::{IdempotencyConfig, IdempotencyLayer, Outcome, Scope};
 use tower::ServiceExt;
 
@@ -34,14 +34,7 @@ fn fixture() -> Fixture {
 
 /// `Durability::None` makes the layer call the store inline instead of on the blocking pool.
 fn fixture_with(durability: Durability) -> Fixture {
-    let store = EmbeddedBackend::open(
-        "/data",
-        Options::default()
-            .storage(Arc::new(FaultyStorage::new()))
-            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
-            .durability(durability),
-    )
-    .expect("store");
+    let store = memory_store::open(durability);
     let mut config = IdempotencyConfig::new(Duration::from_secs(3600), Duration::from_secs(30));
     config.max_response_bytes = 1024;
     let layer = IdempotencyLayer::new(Arc::new(store), config);

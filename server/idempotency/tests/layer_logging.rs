@@ -1,6 +1,8 @@
 //! Which span the layer's lines are in: the request's own, when it declares `scope` and `key`, or
 //! an `idempotency` span of the layer's. Either way a line written under a claim names both.
 
+mod memory_store;
+
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +14,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::post;
-use idemlog::storage::FaultyStorage;
-use idemlog::{Durability, ManualClock, Options};
-use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog::Durability;
 use idemlog_idempotency::{IdempotencyConfig, IdempotencyLayer, KEY_FIELD, SCOPE_FIELD, Scope};
 use parking_lot::Mutex;
 use tower::ServiceExt;
@@ -62,14 +62,7 @@ async fn handler() -> (StatusCode, &'static str) {
 }
 
 fn router(span: RequestSpan) -> Router {
-    let store = EmbeddedBackend::open(
-        "/data",
-        Options::default()
-            .storage(Arc::new(FaultyStorage::new()))
-            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
-            .durability(Durability::None),
-    )
-    .expect("store");
+    let store = memory_store::open(Durability::None);
     let config = IdempotencyConfig::new(Duration::from_secs(3600), Duration::from_secs(30));
     let layer = IdempotencyLayer::new(Arc::new(store), config);
     Router::new()
