@@ -16,9 +16,11 @@ use idemlog_server::auth::{ApiKeys, DEMO_ACCOUNT, DEMO_API_KEY};
 use idemlog_server::config::{Config, LogFormat, StoreChoice, Switch};
 use idemlog_server::log_buffer::{LogGuard, log_buffer};
 use idemlog_server::router::{RouterConfig, Services, router};
+use idemlog_server::telemetry::log_subscriber;
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// mimalloc instead of glibc malloc: a request allocates and frees a few dozen small blocks, often on
 /// different worker threads, and glibc's arena locks and chunk consolidation took about a fifth of
@@ -62,14 +64,9 @@ fn init_logging(format: LogFormat) -> std::io::Result<LogGuard<Stderr>> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::stderr().is_terminal();
     let (writer, guard) = log_buffer(std::io::stderr())?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let subscriber = log_subscriber(filter, format, writer, ansi);
+    // `try_init` also forwards the `log` crate's records (tokio-postgres logs through it).
+    subscriber.try_init().map_err(std::io::Error::other)?;
     Ok(guard)
 }
 

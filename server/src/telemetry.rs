@@ -6,9 +6,34 @@
 
 use axum::extract::{MatchedPath, Request};
 use idemlog_idempotency::request_id::REQUEST_ID;
-use tracing::Span;
+use tracing::{Span, Subscriber};
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
+use crate::config::LogFormat;
 use crate::routes::UNMATCHED_ROUTE;
+
+/// The server's log subscriber: `filter`'s lines in `format`, written to `writer` (the binary passes
+/// its batching stderr writer; the in-process router benchmark a sink, so that it measures the same
+/// per-request logging work the server does).
+pub fn log_subscriber<W>(
+    filter: EnvFilter,
+    format: LogFormat,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => Box::new(builder.finish()),
+        LogFormat::Json => Box::new(builder.json().finish()),
+    }
+}
 
 /// The span of one request (for tower-http's `TraceLayer`): request id, method and route template,
 /// so that every log line of the request names them, and on idempotent routes the scope and key,
