@@ -124,6 +124,13 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Threads that run requests (the async runtime's workers). Default: one per CPU. The store's
+    /// own threads (the log's flusher, the maintenance thread, the log writer) come on top; on a
+    /// machine of few cores shared with other busy processes, one fewer worker than cores can
+    /// cost less CPU per request (BENCHMARKS.md, issue 23).
+    #[arg(long, env = "IDEMLOG_WORKER_THREADS")]
+    pub worker_threads: Option<std::num::NonZeroUsize>,
+
     /// How long shutdown waits, in each of its two phases: for open connections to finish their
     /// requests (then lingering connections are closed), then for requests still running after
     /// their clients left.
@@ -419,6 +426,15 @@ mod tests {
         assert_eq!(c.gateway_latency, Duration::from_millis(50));
         assert_eq!(c.gateway_fail_after_charge, 0);
         assert_eq!(c.idempotency, Switch::On);
+    }
+
+    #[test]
+    fn worker_threads_default_to_the_runtime_choice_and_refuse_zero() {
+        let c = Config::try_parse_from(["idemlog-server"]).expect("defaults parse");
+        assert_eq!(c.worker_threads, None);
+        let c = Config::try_parse_from(["idemlog-server", "--worker-threads", "3"]).expect("parse");
+        assert_eq!(c.worker_threads.map(std::num::NonZeroUsize::get), Some(3));
+        assert!(Config::try_parse_from(["idemlog-server", "--worker-threads", "0"]).is_err());
     }
 
     #[test]

@@ -80,10 +80,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(workers) = config.worker_threads {
+        runtime.worker_threads(workers.get());
+    }
+    let runtime = match runtime.build() {
         Ok(runtime) => runtime,
         Err(e) => {
             error!(error = %e, "could not start the async runtime");

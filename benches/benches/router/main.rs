@@ -15,7 +15,12 @@
 //! with `log` = `info` (the server's subscriber and default filter, lines written to a sink through
 //! the same batching writer) or `off` (no subscriber: what logging costs is the difference).
 //!
-//! Run with `cargo bench -p idemlog-benches --bench router`.
+//! Run with `cargo bench -p idemlog-benches --bench router`. Times on this machine's shared cores
+//! swing by ±10 % between runs; instruction counts do not. With `IDEMLOG_ROUTER_REQUESTS=n` set
+//! (and `IDEMLOG_ROUTER_KIND=new_key` or `replay`, `IDEMLOG_ROUTER_LOG=info` or `off`) the bench
+//! sends n requests of that kind and exits without criterion, for
+//! `valgrind --tool=callgrind`: the difference between two such runs' instruction totals
+//! divided by the difference of their n is the instructions one request costs.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -25,7 +30,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
 use idemlog::{Durability, Options};
 use idemlog_benches::ScratchDir;
 use idemlog_idempotency::FingerprintMode;
@@ -80,20 +85,51 @@ async fn send(app: &Router, request: Request<Body>) -> usize {
     body.len()
 }
 
-fn bench_requests(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let dir = ScratchDir::new("router-bench");
+/// The router on a fresh embedded store, with the replayed key already completed.
+fn app(rt: &tokio::runtime::Runtime, dir: &ScratchDir) -> (Services, Router) {
     let options = Options::default().durability(Durability::None);
     let store = EmbeddedBackend::open(dir.path(), options).expect("open the store");
     let keys = ApiKeys::new(&[(API_KEY.to_owned(), ACCOUNT.to_owned())]).expect("keys");
     let services = Services::new(Arc::new(store.clone()), keys, &config());
     let app = router(&services);
-    let next = AtomicU64::new(0);
-    // The replayed key, completed once before the group runs.
     rt.block_on(send(&app, payment("replayed")));
+    (services, app)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// `IDEMLOG_ROUTER_REQUESTS=n`: n requests of one kind, no timing (see the module docs).
+fn count_run(n: u64) {
+    let kind = std::env::var("IDEMLOG_ROUTER_KIND").unwrap_or_else(|_| "new_key".to_owned());
+    let log = std::env::var("IDEMLOG_ROUTER_LOG").unwrap_or_else(|_| "info".to_owned());
+    let rt = runtime();
+    let dir = ScratchDir::new("router-count");
+    let (writer, _guard) = log_buffer(std::io::sink()).expect("log writer thread");
+    let subscriber = log_subscriber(EnvFilter::new(&log), LogFormat::Text, writer, false);
+    tracing::subscriber::with_default(subscriber, || {
+        let (services, app) = app(&rt, &dir);
+        for i in 0..n {
+            let key = match kind.as_str() {
+                "replay" => "replayed".to_owned(),
+                _ => format!("k-{i}"),
+            };
+            black_box(rt.block_on(send(&app, payment(&key))));
+        }
+        rt.block_on(async { services.store.close().await })
+            .expect("close the store");
+    });
+}
+
+fn bench_requests(c: &mut Criterion) {
+    let rt = runtime();
+    let dir = ScratchDir::new("router-bench");
+    let (services, app) = app(&rt, &dir);
+    let next = AtomicU64::new(0);
 
     let mut group = c.benchmark_group("request");
     group.throughput(Throughput::Elements(1));
@@ -131,4 +167,14 @@ criterion_group! {
         .measurement_time(Duration::from_secs(5));
     targets = bench_requests
 }
-criterion_main!(benches);
+fn main() {
+    if let Some(n) = std::env::var("IDEMLOG_ROUTER_REQUESTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        count_run(n);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
