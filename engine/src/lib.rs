@@ -80,6 +80,7 @@ pub use limits::{
     MAX_HEADER_NAME, MAX_HEADER_VALUE, MAX_HEADERS, MAX_KEY, MAX_NAMESPACE, MAX_REQUEST_DIGEST,
     MAX_SCOPE, MAX_SIDE_KEY, MAX_VALUE,
 };
+pub use log::group_commit::GroupCommit;
 pub use metrics::HistogramSnapshot;
 pub use options::{CompactionPolicy, Durability, Options};
 pub use pending::{Deferred, Durable, Pending};

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::limits::MAX_VALUE;
+use crate::log::group_commit::GroupCommit;
 use crate::storage::{FsStorage, Storage};
 
 /// When an operation's record must be on stable storage before the call returns.
@@ -62,6 +63,9 @@ impl Default for CompactionPolicy {
 pub struct Options {
     /// Durability mode; defaults to [`Durability::Sync`].
     pub durability: Durability,
+    /// Under `Sync`, when the committer starts an fdatasync for tasks awaiting durability;
+    /// [`GroupCommit::Immediate`] by default.
+    pub group_commit: GroupCommit,
     /// How long a claim holds its key before another claim may take it over (30 s by default).
     /// [`crate::Store::extend`] renews it.
     pub lease: Duration,
@@ -83,6 +87,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             durability: Durability::Sync,
+            group_commit: GroupCommit::Immediate,
             lease: Duration::from_secs(30),
             segment_size: 64 << 20,
             max_value_bytes: 4 << 20,
@@ -97,6 +102,7 @@ impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
             .field("durability", &self.durability)
+            .field("group_commit", &self.group_commit)
             .field("lease", &self.lease)
             .field("segment_size", &self.segment_size)
             .field("max_value_bytes", &self.max_value_bytes)
@@ -112,6 +118,12 @@ impl Options {
     /// Sets the durability mode.
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// Sets when the `Sync` committer syncs for waiting tasks.
+    pub fn group_commit(mut self, group_commit: GroupCommit) -> Self {
+        self.group_commit = group_commit;
         self
     }
 
@@ -160,6 +172,16 @@ impl Options {
         {
             return Err(Error::InvalidOptions(
                 "periodic sync interval must be at least 1 ms".into(),
+            ));
+        }
+        if let GroupCommit::Gather {
+            min_waiters,
+            max_wait,
+        } = self.group_commit
+            && (min_waiters == 0 || max_wait.is_zero() || max_wait > Duration::from_secs(1))
+        {
+            return Err(Error::InvalidOptions(
+                "group commit: min_waiters must be at least 1 and max_wait within (0, 1 s]".into(),
             ));
         }
         if self.max_value_bytes > MAX_VALUE {

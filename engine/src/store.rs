@@ -196,8 +196,7 @@ impl Store {
             Arc::clone(&storage),
             dir.clone(),
             Arc::clone(&segments),
-            options.durability,
-            options.segment_size,
+            &options,
             recovered.active,
             recovered.active_len,
         ));

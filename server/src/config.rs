@@ -93,6 +93,20 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_DURABILITY", value_enum, default_value_t = DurabilityArg::Sync)]
     pub durability: DurabilityArg,
 
+    /// `--durability sync`: how long an fdatasync may be held back so that more requests share it
+    /// (`0ms`, the default: synced as soon as one request waits). When set, and requests come
+    /// together (a lone one is still synced at once), the log syncs once
+    /// `--group-commit-batch` requests wait or the first has waited this long. Each fdatasync
+    /// costs the same CPU however much it covers, so with many more concurrent clients than the
+    /// batch this saves CPU per request; with a few clients it costs throughput (BENCHMARKS.md,
+    /// issue 23).
+    #[arg(long, env = "IDEMLOG_GROUP_COMMIT_WAIT", default_value = "0ms", value_parser = parse_duration)]
+    pub group_commit_wait: Duration,
+
+    /// `--durability sync` with `--group-commit-wait`: requests that start an fdatasync at once.
+    #[arg(long, env = "IDEMLOG_GROUP_COMMIT_BATCH", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub group_commit_batch: u16,
+
     /// fdatasync interval for `--durability periodic`.
     #[arg(long, env = "IDEMLOG_SYNC_INTERVAL", default_value = "100ms", value_parser = parse_positive_duration)]
     pub sync_interval: Duration,
@@ -303,6 +317,18 @@ impl Config {
         }
     }
 
+    /// When the engine's committer syncs for waiting requests, for these flags.
+    pub fn engine_group_commit(&self) -> idemlog::GroupCommit {
+        if self.group_commit_wait.is_zero() {
+            idemlog::GroupCommit::Immediate
+        } else {
+            idemlog::GroupCommit::Gather {
+                min_waiters: usize::from(self.group_commit_batch),
+                max_wait: self.group_commit_wait,
+            }
+        }
+    }
+
     /// The engine's durability mode for these flags.
     pub fn engine_durability(&self) -> idemlog::Durability {
         match self.durability {
@@ -426,6 +452,22 @@ mod tests {
         assert_eq!(c.gateway_latency, Duration::from_millis(50));
         assert_eq!(c.gateway_fail_after_charge, 0);
         assert_eq!(c.idempotency, Switch::On);
+    }
+
+    #[test]
+    fn group_commit_is_immediate_unless_a_wait_is_given() {
+        let c = Config::try_parse_from(["idemlog-server"]).expect("defaults parse");
+        assert_eq!(c.engine_group_commit(), idemlog::GroupCommit::Immediate);
+        let c = Config::try_parse_from(["idemlog-server", "--group-commit-wait", "2ms"])
+            .expect("parse");
+        assert_eq!(
+            c.engine_group_commit(),
+            idemlog::GroupCommit::Gather {
+                min_waiters: 32,
+                max_wait: Duration::from_millis(2)
+            }
+        );
+        assert!(Config::try_parse_from(["idemlog-server", "--group-commit-batch", "0"]).is_err());
     }
 
     #[test]

@@ -212,6 +212,7 @@ async fn open_embedded(
     let clock = Arc::new(SystemClock);
     let options = Options::default()
         .durability(config.engine_durability())
+        .group_commit(config.engine_group_commit())
         .lease(config.lease)
         .clock(clock);
     let max_value_bytes = options.max_value_bytes;
@@ -231,6 +232,7 @@ async fn open_embedded(
             operations = report.operations,
             bytes = report.bytes,
             durability = ?config.durability,
+            group_commit = ?config.engine_group_commit(),
             "store opened: log replayed"
         );
         if let Some(torn) = &report.torn_tail {

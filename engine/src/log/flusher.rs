@@ -14,6 +14,7 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::group_commit::Due;
 use super::wakeup::Wakeup;
 use super::writer::LogWriter;
 use crate::options::Durability;
@@ -78,7 +79,9 @@ enum Round {
 }
 
 fn run(writer: Weak<LogWriter>, wakeup: &Wakeup, interval: Duration, round: Round) {
-    while wakeup.wait(interval) {
+    let mut timeout = interval;
+    while wakeup.wait(timeout) {
+        timeout = interval;
         let Some(writer) = writer.upgrade() else {
             break;
         };
@@ -86,12 +89,22 @@ fn run(writer: Weak<LogWriter>, wakeup: &Wakeup, interval: Duration, round: Roun
             Round::Sync => writer.sync_all(),
             Round::Write => writer.write_all(),
             Round::ForWaiters => {
-                // Tasks that registered during a flush are covered by the next one: loop until none
-                // is left, rather than sleeping and being kicked again.
+                // Tasks that registered during a flush are covered by the next one: loop while the
+                // group-commit rule says a sync is due, rather than sleeping and being kicked again;
+                // when it says to wait for more waiters, sleep until then (or the kick of the
+                // waiter that reaches the goal).
                 // A round that moves nothing (every waiter left is covered, or waits for a frame
                 // not appended yet) ends the loop instead of spinning; the next kick resumes it.
                 let mut result = Ok(());
-                while result.is_ok() && writer.has_async_waiters() {
+                while result.is_ok() {
+                    match writer.commit_due() {
+                        Due::Now => {}
+                        Due::In(left) => {
+                            timeout = left;
+                            break;
+                        }
+                        Due::Idle => break,
+                    }
                     let before = writer.synced_pos();
                     result = writer.sync_all();
                     if writer.synced_pos() == before {

@@ -32,17 +32,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Poll, Waker};
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use super::frame::{self, MAX_PAYLOAD, TAG_OPS};
+use super::group_commit::{Batcher, Due};
 use super::op::Op;
 use super::segment::{self, Kind, Loc, Pos};
 use super::segments::{SegmentFile, Segments};
 use super::wakeup::Wakeup;
 use crate::error::{Error, Result};
 use crate::metrics::EngineHistograms;
-use crate::options::Durability;
+use crate::options::{Durability, Options};
 use crate::storage::Storage;
 
 /// Flush rounds a leader runs for others after its own frames are durable.
@@ -134,6 +136,8 @@ struct State {
     shut: bool,
     /// Tasks awaiting a position ([`LogWriter::poll_durable`]): woken by the flush that covers it.
     async_waiters: Vec<(Pos, Waker)>,
+    /// When the committer syncs for `async_waiters` (`Sync` only).
+    batcher: Batcher,
 }
 
 /// Appends frames to the active segment and makes them durable (see the module docs).
@@ -160,13 +164,13 @@ pub(crate) struct LogWriter {
 }
 
 impl LogWriter {
-    /// A writer appending to `active`, whose first `len` bytes are valid and durable.
+    /// A writer appending to `active`, whose first `len` bytes are valid and durable, with the
+    /// durability mode, group commit and segment size of `options`.
     pub(crate) fn new(
         storage: Arc<dyn Storage>,
         dir: PathBuf,
         segments: Arc<Segments>,
-        durability: Durability,
-        segment_size: u32,
+        options: &Options,
         active: SegmentFile,
         len: u32,
     ) -> Self {
@@ -175,8 +179,8 @@ impl LogWriter {
             storage,
             dir,
             segments,
-            durability,
-            segment_size,
+            durability: options.durability,
+            segment_size: options.segment_size,
             state: Mutex::new(State {
                 active,
                 written: len,
@@ -198,6 +202,7 @@ impl LogWriter {
                 poison: None,
                 shut: false,
                 async_waiters: Vec::new(),
+                batcher: Batcher::new(options.group_commit),
             }),
             flushed: [Condvar::new(), Condvar::new()],
             appended: Condvar::new(),
@@ -381,16 +386,22 @@ impl LogWriter {
         if Pos(target.load(Ordering::Acquire)).covers(end) {
             return Poll::Ready(Ok(()));
         }
-        match st
+        let kick = match st
             .async_waiters
             .iter_mut()
             .find(|(at, w)| *at == end && w.will_wake(waker))
         {
-            Some(_) => {}
-            None => st.async_waiters.push((end, waker.clone())),
-        }
+            Some(_) => true,
+            None => {
+                st.async_waiters.push((end, waker.clone()));
+                let waiting = st.async_waiters.len();
+                st.batcher.registered(waiting, Instant::now())
+            }
+        };
         drop(st);
-        self.wakeup.kick();
+        if kick {
+            self.wakeup.kick();
+        }
         Poll::Pending
     }
 
@@ -413,6 +424,8 @@ impl LogWriter {
                 true
             }
         });
+        let remaining = st.async_waiters.len();
+        st.batcher.woke(woken, remaining, Instant::now());
         woken
     }
 
@@ -421,6 +434,7 @@ impl LogWriter {
         for (_, waker) in st.async_waiters.drain(..) {
             waker.wake();
         }
+        st.batcher.woke(0, 0, Instant::now());
     }
 
     /// The synced position (for the committer's progress check).
@@ -428,9 +442,12 @@ impl LogWriter {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// True while tasks await a flush.
-    pub(crate) fn has_async_waiters(&self) -> bool {
-        !self.state.lock().async_waiters.is_empty()
+    /// Whether the committer should sync for the async waiters now
+    /// ([`GroupCommit`](crate::GroupCommit)).
+    pub(crate) fn commit_due(&self) -> Due {
+        let st = self.state.lock();
+        let waiting = st.async_waiters.len();
+        st.batcher.due(waiting, Instant::now())
     }
 
     /// Wakes the flusher thread early (see [`LogWriter::nudge`]).
