@@ -175,13 +175,13 @@ impl Options {
             ));
         }
         if let GroupCommit::Gather {
-            min_waiters,
+            max_batch,
             max_wait,
         } = self.group_commit
-            && (min_waiters == 0 || max_wait.is_zero() || max_wait > Duration::from_secs(1))
+            && (max_batch == 0 || max_wait.is_zero() || max_wait > Duration::from_secs(1))
         {
             return Err(Error::InvalidOptions(
-                "group commit: min_waiters must be at least 1 and max_wait within (0, 1 s]".into(),
+                "group commit: max_batch must be at least 1 and max_wait within (0, 1 s]".into(),
             ));
         }
         if self.max_value_bytes > MAX_VALUE {

@@ -39,9 +39,9 @@ fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
-fn gather(f: &Fixture, min_waiters: usize, max_wait: Duration) -> Options {
+fn gather(f: &Fixture, max_batch: usize, max_wait: Duration) -> Options {
     f.options().group_commit(GroupCommit::Gather {
-        min_waiters,
+        max_batch,
         max_wait,
     })
 }

@@ -96,14 +96,15 @@ pub struct Config {
     /// `--durability sync`: how long an fdatasync may be held back so that more requests share it
     /// (`0ms`, the default: synced as soon as one request waits). When set, and requests come
     /// together (a lone one is still synced at once), the log syncs once
-    /// `--group-commit-batch` requests wait or the first has waited this long. Each fdatasync
+    /// as many requests wait as recently came together (three quarters of the recent peak, at most
+    /// `--group-commit-batch`) or the first has waited this long. Each fdatasync
     /// costs the same CPU however much it covers, so with many more concurrent clients than the
     /// batch this saves CPU per request; with a few clients it costs throughput (BENCHMARKS.md,
     /// issue 23).
     #[arg(long, env = "IDEMLOG_GROUP_COMMIT_WAIT", default_value = "0ms", value_parser = parse_duration)]
     pub group_commit_wait: Duration,
 
-    /// `--durability sync` with `--group-commit-wait`: requests that start an fdatasync at once.
+    /// `--durability sync` with `--group-commit-wait`: most waiting requests an fdatasync waits for.
     #[arg(long, env = "IDEMLOG_GROUP_COMMIT_BATCH", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub group_commit_batch: u16,
 
@@ -323,7 +324,7 @@ impl Config {
             idemlog::GroupCommit::Immediate
         } else {
             idemlog::GroupCommit::Gather {
-                min_waiters: usize::from(self.group_commit_batch),
+                max_batch: usize::from(self.group_commit_batch),
                 max_wait: self.group_commit_wait,
             }
         }
@@ -463,7 +464,7 @@ mod tests {
         assert_eq!(
             c.engine_group_commit(),
             idemlog::GroupCommit::Gather {
-                min_waiters: 32,
+                max_batch: 32,
                 max_wait: Duration::from_millis(2)
             }
         );

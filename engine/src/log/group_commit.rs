@@ -7,16 +7,20 @@
 //! about 5 HTTP requests at 64 connections, so that cost came to 5–9 µs per request.
 //!
 //! [`GroupCommit::Gather`] is PostgreSQL's `commit_delay` with `commit_siblings` in this log's
-//! terms: once tasks are seen to come together (the previous fdatasync woke two or more), the
-//! committer waits until `min_waiters` wait or the first of them has waited `max_wait`, whichever
-//! comes first. A caller alone (the previous fdatasync woke one) is synced at once. Nothing here
-//! weakens durability: a task still returns only after an fdatasync covered its frames; only
-//! *when* that fdatasync starts moves, by at most `max_wait`.
+//! terms, with a target that follows the callers: once tasks are seen to come together (the
+//! previous fdatasync woke two or more), the committer waits until the *target* waits or the first
+//! of them has waited `max_wait`, whichever comes first. The target is three quarters of the most
+//! tasks seen waiting at once in the last [`PEAK_WINDOW`] (or the current one, if more), between
+//! 2 and `max_batch`: so with few callers a batch never waits for all of them (the CPU would
+//! idle), and with many it waits for up to `max_batch`. The first window gathers up to
+//! `max_batch`, to find out. A caller alone (the previous fdatasync woke one) is synced at once.
+//! Nothing here weakens durability: a task still returns only after an fdatasync covered its
+//! frames; only *when* that fdatasync starts moves, by at most `max_wait`.
 //!
-//! The trade-off, measured (BENCHMARKS.md): with many more callers than `min_waiters` the CPU stays
-//! busy with the others while a batch gathers, so fewer fdatasyncs are pure gain; with a few
-//! callers that all end up waiting, the CPU idles while they gather and throughput drops. Hence
-//! off by default, and a server flag to turn it on.
+//! The trade-off, measured (BENCHMARKS.md): with many more callers than the target the CPU stays
+//! busy with the others while a batch gathers, so fewer fdatasyncs are a gain; with a few callers
+//! the waits cost some throughput. The gain did not hold up clearly enough on this machine to make
+//! it the default: off by default, a server flag turns it on.
 //!
 //! Pure logic over the times it is given, so the tests drive it without sleeping.
 
@@ -29,11 +33,12 @@ pub enum GroupCommit {
     /// As soon as one task waits (the default).
     #[default]
     Immediate,
-    /// When tasks come together, once `min_waiters` wait or the first has waited `max_wait` (see
-    /// the module docs of `log::group_commit`).
+    /// When tasks come together, once as many wait as the recent peak suggests (at most
+    /// `max_batch`) or the first has waited `max_wait` (see the module docs of
+    /// `log::group_commit`).
     Gather {
-        /// Waiters that start an fdatasync at once.
-        min_waiters: usize,
+        /// Most waiters a batch waits for (the target's cap).
+        max_batch: usize,
         /// Longest the first waiter of a batch waits before its fdatasync starts.
         max_wait: Duration,
     },
@@ -58,21 +63,41 @@ pub(crate) struct Batcher {
     first: Option<Instant>,
     /// Tasks the last flush woke: two or more means callers come together.
     last_woken: usize,
+    /// Most tasks seen waiting at once in the current window, and in the one before.
+    peak: usize,
+    previous_peak: usize,
+    window_start: Option<Instant>,
 }
+
+/// How long a window of the waiting-count peak lasts.
+pub(crate) const PEAK_WINDOW: Duration = Duration::from_millis(100);
 
 impl Batcher {
     pub(crate) fn new(mode: GroupCommit) -> Self {
+        let cap = match mode {
+            GroupCommit::Gather { max_batch, .. } => max_batch,
+            GroupCommit::Immediate => 1,
+        };
         Self {
             mode,
             first: None,
             last_woken: 0,
+            peak: 0,
+            // Optimistic start: the first window gathers up to the cap, so that the peak can show
+            // how many callers there are.
+            previous_peak: cap.saturating_mul(4) / 3 + 1,
+            window_start: None,
         }
     }
 
-    /// Waiters that make a sync due at once.
+    /// Waiters that make a sync due at once: three quarters of the most seen waiting at once
+    /// lately, at most `max_batch`; 1 while callers come alone.
     fn target(&self) -> usize {
         match self.mode {
-            GroupCommit::Gather { min_waiters, .. } if self.last_woken >= 2 => min_waiters.max(1),
+            GroupCommit::Gather { max_batch, .. } if self.last_woken >= 2 => {
+                let seen = self.peak.max(self.previous_peak);
+                (seen * 3 / 4).clamp(2, max_batch.max(2))
+            }
             _ => 1,
         }
     }
@@ -83,6 +108,16 @@ impl Batcher {
         if waiting == 1 || self.first.is_none() {
             self.first = Some(now);
         }
+        match self.window_start {
+            None => self.window_start = Some(now),
+            Some(start) if now.saturating_duration_since(start) >= PEAK_WINDOW => {
+                self.previous_peak = self.peak;
+                self.peak = 0;
+                self.window_start = Some(now);
+            }
+            Some(_) => {}
+        }
+        self.peak = self.peak.max(waiting);
         waiting == 1 || waiting >= self.target()
     }
 
@@ -123,7 +158,7 @@ mod tests {
 
     fn gather() -> Batcher {
         Batcher::new(GroupCommit::Gather {
-            min_waiters: 8,
+            max_batch: 8,
             max_wait: WAIT,
         })
     }
@@ -156,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn callers_that_came_together_gather_until_min_waiters() {
+    fn callers_that_came_together_gather_until_max_batch() {
         let mut b = gather();
         let t = Instant::now();
         b.woke(3, 0, t);
@@ -164,10 +199,45 @@ mod tests {
             b.registered(1, t),
             "the first waiter wakes the committer to time the wait"
         );
-        assert!(!b.registered(2, t), "below min_waiters: no kick");
+        assert!(!b.registered(2, t), "below max_batch: no kick");
         assert_eq!(b.due(7, t), Due::In(WAIT));
-        assert!(b.registered(8, t), "min_waiters reached: kick");
+        assert!(b.registered(8, t), "max_batch reached: kick");
         assert_eq!(b.due(8, t), Due::Now);
+    }
+
+    #[test]
+    fn the_target_is_three_quarters_of_the_most_seen_waiting_in_the_last_window() {
+        let mut b = gather();
+        let t = Instant::now();
+        b.woke(3, 0, t);
+        // Window 1: at most 4 wait at once.
+        for waiting in 1..=4 {
+            b.registered(waiting, t);
+        }
+        b.woke(4, 0, t);
+        // Window 2 starts: its peak so far is 1, the last window's 4: the target is 3.
+        let later = t + PEAK_WINDOW;
+        b.registered(1, later);
+        assert_eq!(b.due(2, later), Due::In(WAIT));
+        assert_eq!(b.due(3, later), Due::Now);
+    }
+
+    #[test]
+    fn the_target_never_passes_max_batch_however_many_wait() {
+        let mut b = gather();
+        let t = Instant::now();
+        b.woke(3, 0, t);
+        for waiting in 1..=100 {
+            b.registered(waiting, t);
+        }
+        b.woke(100, 0, t);
+        b.registered(1, t);
+        assert_eq!(
+            b.due(8, t),
+            Due::Now,
+            "max_batch is the most a batch waits for"
+        );
+        assert_eq!(b.due(7, t), Due::In(WAIT));
     }
 
     #[test]
