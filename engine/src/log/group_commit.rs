@@ -4,7 +4,8 @@
 //! machine's virtual disk 33–51 µs of CPU for a write and its fdatasync, 1 KB and 20 KB alike
 //! (BENCHMARKS.md, issue 23's eighth step). Syncing as soon as one task waits
 //! ([`GroupCommit::Immediate`], the default) covers what arrived during the previous fdatasync:
-//! about 5 HTTP requests at 64 connections, so that cost came to 5–9 µs per request.
+//! about 5 HTTP requests at 64 connections, so at face value that cost came to 5–9 µs per
+//! request (inside the server fewer fdatasyncs saved less than that: BENCHMARKS.md).
 //!
 //! [`GroupCommit::Gather`] is PostgreSQL's `commit_delay` with `commit_siblings` in this log's
 //! terms, with a target that follows the callers: once tasks are seen to come together (the
