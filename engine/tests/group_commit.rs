@@ -63,6 +63,23 @@ fn claim_and_await(store: &Store, key: &str) {
     block_on(store.durable(pending)).expect("durable");
 }
 
+/// `threads` callers at once, each claiming and awaiting keys `t{thread}-{0..per_thread}`.
+fn claim_from_threads(store: &Arc<Store>, threads: usize, per_thread: usize) {
+    let callers: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = Arc::clone(store);
+            std::thread::spawn(move || {
+                for i in 0..per_thread {
+                    claim_and_await(&store, &format!("t{t}-{i}"));
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.join().expect("caller thread");
+    }
+}
+
 #[test]
 fn gathering_group_commit_does_not_hold_a_lone_caller_back() {
     let f = Fixture::new();
@@ -83,19 +100,7 @@ fn gathering_group_commit_ends_no_wait_before_an_fdatasync_covers_it() {
     let f = Fixture::new();
     let store =
         Arc::new(Store::open(&f.dir, gather(&f, 8, Duration::from_millis(5))).expect("open"));
-    let threads: Vec<_> = (0..8)
-        .map(|t| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                for i in 0..25 {
-                    claim_and_await(&store, &format!("t{t}-{i}"));
-                }
-            })
-        })
-        .collect();
-    for thread in threads {
-        thread.join().expect("caller thread");
-    }
+    claim_from_threads(&store, 8, 25);
     // Every wait has ended: a power loss now must keep every one of the 200 claims.
     f.fs.crash(CrashMode::DropUnsynced);
     drop(store);
@@ -120,19 +125,7 @@ fn gathering_group_commit_holds_no_caller_past_max_wait() {
     let max_wait = Duration::from_millis(20);
     let store = Arc::new(Store::open(&f.dir, gather(&f, 32, max_wait)).expect("open"));
     // Callers that come together make the committer gather ...
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                for i in 0..10 {
-                    claim_and_await(&store, &format!("t{t}-{i}"));
-                }
-            })
-        })
-        .collect();
-    for thread in threads {
-        thread.join().expect("caller thread");
-    }
+    claim_from_threads(&store, 4, 10);
     // ... and then one alone is synced when `max_wait` runs out at the latest, not at the
     // committer's idle interval (100 ms).
     let started = Instant::now();

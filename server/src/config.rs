@@ -101,7 +101,7 @@ pub struct Config {
     /// costs the same CPU however much it covers, so with many more concurrent clients than the
     /// batch this saves CPU per request; with a few clients it costs throughput (BENCHMARKS.md,
     /// issue 23).
-    #[arg(long, env = "IDEMLOG_GROUP_COMMIT_WAIT", default_value = "0ms", value_parser = parse_duration)]
+    #[arg(long, env = "IDEMLOG_GROUP_COMMIT_WAIT", default_value = "0ms", value_parser = parse_group_commit_wait)]
     pub group_commit_wait: Duration,
 
     /// `--durability sync` with `--group-commit-wait`: most waiting requests an fdatasync waits for.
@@ -142,9 +142,10 @@ pub struct Config {
     /// Threads that run requests (the async runtime's workers). Default: one per CPU. The store's
     /// own threads (the log's flusher, the maintenance thread, the log writer) come on top; on a
     /// machine of few cores shared with other busy processes, one fewer worker than cores can
-    /// cost less CPU per request (BENCHMARKS.md, issue 23).
-    #[arg(long, env = "IDEMLOG_WORKER_THREADS")]
-    pub worker_threads: Option<std::num::NonZeroUsize>,
+    /// cost less CPU per request (BENCHMARKS.md, issue 23). At most 1024: each is an OS thread
+    /// started up front.
+    #[arg(long, env = "IDEMLOG_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS))]
+    pub worker_threads: Option<u16>,
 
     /// How long shutdown waits, in each of its two phases: for open connections to finish their
     /// requests (then lingering connections are closed), then for requests still running after
@@ -377,6 +378,24 @@ pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Most `--worker-threads`.
+pub const MAX_WORKER_THREADS: i64 = 1024;
+
+/// Longest `--group-commit-wait`: the engine's bound on how long an fdatasync may be held back.
+pub const MAX_GROUP_COMMIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Parses `--group-commit-wait`: a duration of at most [`MAX_GROUP_COMMIT_WAIT`] (`0ms`: off).
+pub fn parse_group_commit_wait(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d > MAX_GROUP_COMMIT_WAIT {
+        return Err(format!(
+            "group commit wait {text:?} is longer than {} ms",
+            MAX_GROUP_COMMIT_WAIT.as_millis()
+        ));
+    }
+    Ok(d)
+}
+
 /// Parses `KEY=ACCOUNT`: the key is visible ASCII, the account 1–255 visible ASCII characters (it
 /// becomes the engine's scope).
 pub fn parse_api_key(text: &str) -> Result<(String, String), String> {
@@ -472,12 +491,21 @@ mod tests {
     }
 
     #[test]
-    fn worker_threads_default_to_the_runtime_choice_and_refuse_zero() {
+    fn a_group_commit_wait_over_one_second_is_refused_at_parse_time() {
+        assert!(Config::try_parse_from(["idemlog-server", "--group-commit-wait", "1s"]).is_ok());
+        let err = Config::try_parse_from(["idemlog-server", "--group-commit-wait", "2s"])
+            .expect_err("2s accepted");
+        assert!(err.to_string().contains("longer than 1000 ms"), "{err}");
+    }
+
+    #[test]
+    fn worker_threads_default_to_the_runtime_choice_and_refuse_zero_and_thousands() {
         let c = Config::try_parse_from(["idemlog-server"]).expect("defaults parse");
         assert_eq!(c.worker_threads, None);
         let c = Config::try_parse_from(["idemlog-server", "--worker-threads", "3"]).expect("parse");
-        assert_eq!(c.worker_threads.map(std::num::NonZeroUsize::get), Some(3));
+        assert_eq!(c.worker_threads, Some(3));
         assert!(Config::try_parse_from(["idemlog-server", "--worker-threads", "0"]).is_err());
+        assert!(Config::try_parse_from(["idemlog-server", "--worker-threads", "1025"]).is_err());
     }
 
     #[test]

@@ -83,7 +83,7 @@ fn main() -> ExitCode {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Some(workers) = config.worker_threads {
-        runtime.worker_threads(workers.get());
+        runtime.worker_threads(usize::from(workers));
     }
     let runtime = match runtime.build() {
         Ok(runtime) => runtime,

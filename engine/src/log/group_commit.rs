@@ -23,7 +23,9 @@
 //! the waits cost some throughput. The gain did not hold up clearly enough on this machine to make
 //! it the default: off by default, a server flag turns it on.
 //!
-//! Pure logic over the times it is given, so the tests drive it without sleeping.
+//! Pure logic over the times it is given, so the tests drive it without sleeping. The time comes
+//! as a function, called only when gathering needs it: under `Immediate` (the default) nothing
+//! here reads the clock on the request path.
 
 use std::time::{Duration, Instant};
 
@@ -105,7 +107,11 @@ impl Batcher {
 
     /// A task registered; `waiting` counts it. True if the committer must be woken: for the
     /// first waiter (so that it times `max_wait`) and when the target is reached.
-    pub(crate) fn registered(&mut self, waiting: usize, now: Instant) -> bool {
+    pub(crate) fn registered(&mut self, waiting: usize, now: impl FnOnce() -> Instant) -> bool {
+        if self.mode == GroupCommit::Immediate {
+            return true;
+        }
+        let now = now();
         if waiting == 1 || self.first.is_none() {
             self.first = Some(now);
         }
@@ -123,7 +129,7 @@ impl Batcher {
     }
 
     /// Whether to sync now, with `waiting` tasks registered.
-    pub(crate) fn due(&self, waiting: usize, now: Instant) -> Due {
+    pub(crate) fn due(&self, waiting: usize, now: impl FnOnce() -> Instant) -> Due {
         if waiting == 0 {
             return Due::Idle;
         }
@@ -135,7 +141,7 @@ impl Batcher {
         }
         let age = self
             .first
-            .map_or(max_wait, |first| now.saturating_duration_since(first));
+            .map_or(max_wait, |first| now().saturating_duration_since(first));
         if age >= max_wait {
             return Due::Now;
         }
@@ -143,8 +149,11 @@ impl Batcher {
     }
 
     /// A flush woke `woken` tasks and left `remaining` waiting.
-    pub(crate) fn woke(&mut self, woken: usize, remaining: usize, now: Instant) {
-        self.first = (remaining > 0).then_some(now);
+    pub(crate) fn woke(&mut self, woken: usize, remaining: usize, now: impl FnOnce() -> Instant) {
+        if self.mode == GroupCommit::Immediate {
+            return;
+        }
+        self.first = (remaining > 0).then(now);
         if woken > 0 {
             self.last_woken = woken;
         }
@@ -168,99 +177,102 @@ mod tests {
     fn immediate_syncs_for_every_single_waiter() {
         let mut b = Batcher::new(GroupCommit::Immediate);
         let t = Instant::now();
-        assert!(b.registered(1, t));
-        assert_eq!(b.due(1, t), Due::Now);
-        b.woke(5, 0, t);
-        assert!(b.registered(1, t));
-        assert_eq!(b.due(1, t), Due::Now);
-        assert_eq!(b.due(0, t), Due::Idle);
+        assert!(b.registered(1, || t));
+        assert_eq!(b.due(1, || t), Due::Now);
+        b.woke(5, 0, || t);
+        assert!(b.registered(1, || t));
+        assert_eq!(b.due(1, || t), Due::Now);
+        assert_eq!(b.due(0, || t), Due::Idle);
     }
 
     #[test]
     fn a_caller_alone_is_synced_at_once() {
         let mut b = gather();
         let t = Instant::now();
-        assert!(b.registered(1, t), "the first waiter wakes the committer");
+        assert!(
+            b.registered(1, || t),
+            "the first waiter wakes the committer"
+        );
         assert_eq!(
-            b.due(1, t),
+            b.due(1, || t),
             Due::Now,
             "nothing woken yet: no sign of company"
         );
-        b.woke(1, 0, t);
-        assert!(b.registered(1, t));
-        assert_eq!(b.due(1, t), Due::Now, "the last flush woke one");
+        b.woke(1, 0, || t);
+        assert!(b.registered(1, || t));
+        assert_eq!(b.due(1, || t), Due::Now, "the last flush woke one");
     }
 
     #[test]
     fn callers_that_came_together_gather_until_max_batch() {
         let mut b = gather();
         let t = Instant::now();
-        b.woke(3, 0, t);
+        b.woke(3, 0, || t);
         assert!(
-            b.registered(1, t),
+            b.registered(1, || t),
             "the first waiter wakes the committer to time the wait"
         );
-        assert!(!b.registered(2, t), "below max_batch: no kick");
-        assert_eq!(b.due(7, t), Due::In(WAIT));
-        assert!(b.registered(8, t), "max_batch reached: kick");
-        assert_eq!(b.due(8, t), Due::Now);
+        assert!(!b.registered(2, || t), "below max_batch: no kick");
+        assert_eq!(b.due(7, || t), Due::In(WAIT));
+        assert!(b.registered(8, || t), "max_batch reached: kick");
+        assert_eq!(b.due(8, || t), Due::Now);
     }
 
     #[test]
     fn the_target_is_three_quarters_of_the_most_seen_waiting_in_the_last_window() {
         let mut b = gather();
         let t = Instant::now();
-        b.woke(3, 0, t);
+        b.woke(3, 0, || t);
         // Window 1: at most 4 wait at once.
         for waiting in 1..=4 {
-            b.registered(waiting, t);
+            b.registered(waiting, || t);
         }
-        b.woke(4, 0, t);
+        b.woke(4, 0, || t);
         // Window 2 starts: its peak so far is 1, the last window's 4: the target is 3.
         let later = t + PEAK_WINDOW;
-        b.registered(1, later);
-        assert_eq!(b.due(2, later), Due::In(WAIT));
-        assert_eq!(b.due(3, later), Due::Now);
+        b.registered(1, || later);
+        assert_eq!(b.due(2, || later), Due::In(WAIT));
+        assert_eq!(b.due(3, || later), Due::Now);
     }
 
     #[test]
     fn the_target_never_passes_max_batch_however_many_wait() {
         let mut b = gather();
         let t = Instant::now();
-        b.woke(3, 0, t);
+        b.woke(3, 0, || t);
         for waiting in 1..=100 {
-            b.registered(waiting, t);
+            b.registered(waiting, || t);
         }
-        b.woke(100, 0, t);
-        b.registered(1, t);
+        b.woke(100, 0, || t);
+        b.registered(1, || t);
         assert_eq!(
-            b.due(8, t),
+            b.due(8, || t),
             Due::Now,
             "max_batch is the most a batch waits for"
         );
-        assert_eq!(b.due(7, t), Due::In(WAIT));
+        assert_eq!(b.due(7, || t), Due::In(WAIT));
     }
 
     #[test]
     fn the_first_waiter_never_waits_longer_than_max_wait() {
         let mut b = gather();
         let t = Instant::now();
-        b.woke(3, 0, t);
-        b.registered(1, t);
-        assert_eq!(b.due(3, t + WAIT / 4), Due::In(WAIT - WAIT / 4));
-        assert_eq!(b.due(3, t + WAIT), Due::Now);
+        b.woke(3, 0, || t);
+        b.registered(1, || t);
+        assert_eq!(b.due(3, || t + WAIT / 4), Due::In(WAIT - WAIT / 4));
+        assert_eq!(b.due(3, || t + WAIT), Due::Now);
     }
 
     #[test]
     fn waiters_left_after_a_flush_restart_the_clock() {
         let mut b = gather();
         let t = Instant::now();
-        b.woke(3, 0, t);
-        b.registered(1, t);
+        b.woke(3, 0, || t);
+        b.registered(1, || t);
         let later = t + WAIT / 2;
-        b.woke(3, 2, later);
+        b.woke(3, 2, || later);
         assert_eq!(
-            b.due(2, later),
+            b.due(2, || later),
             Due::In(WAIT),
             "timed from the flush, not the first waiter"
         );

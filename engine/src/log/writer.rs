@@ -395,7 +395,7 @@ impl LogWriter {
             None => {
                 st.async_waiters.push((end, waker.clone()));
                 let waiting = st.async_waiters.len();
-                st.batcher.registered(waiting, Instant::now())
+                st.batcher.registered(waiting, Instant::now)
             }
         };
         drop(st);
@@ -425,7 +425,7 @@ impl LogWriter {
             }
         });
         let remaining = st.async_waiters.len();
-        st.batcher.woke(woken, remaining, Instant::now());
+        st.batcher.woke(woken, remaining, Instant::now);
         woken
     }
 
@@ -434,7 +434,7 @@ impl LogWriter {
         for (_, waker) in st.async_waiters.drain(..) {
             waker.wake();
         }
-        st.batcher.woke(0, 0, Instant::now());
+        st.batcher.woke(0, 0, Instant::now);
     }
 
     /// The synced position (for the committer's progress check).
@@ -447,7 +447,7 @@ impl LogWriter {
     pub(crate) fn commit_due(&self) -> Due {
         let st = self.state.lock();
         let waiting = st.async_waiters.len();
-        st.batcher.due(waiting, Instant::now())
+        st.batcher.due(waiting, Instant::now)
     }
 
     /// Wakes the flusher thread early (see [`LogWriter::nudge`]).
