@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod config;
 pub mod log_buffer;
+pub mod log_line;
 pub mod metrics;
 pub mod openapi;
 pub mod payments;

@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 use crate::config::LogFormat;
+use crate::log_line::{TextFields, TextLine};
 use crate::routes::UNMATCHED_ROUTE;
 
 /// The server's log subscriber: `filter`'s lines in `format`, written to `writer` (the binary passes
@@ -30,7 +31,12 @@ where
         .with_writer(writer)
         .with_ansi(ansi);
     match format {
-        LogFormat::Text => Box::new(builder.finish()),
+        LogFormat::Text => Box::new(
+            builder
+                .fmt_fields(TextFields)
+                .event_format(TextLine::default())
+                .finish(),
+        ),
         LogFormat::Json => Box::new(builder.json().finish()),
     }
 }
