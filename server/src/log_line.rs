@@ -29,7 +29,7 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::field::{RecordFields, VisitOutput};
 use tracing_subscriber::fmt::format::{DefaultFields, DefaultVisitor, Format, Full, Writer};
-use tracing_subscriber::fmt::time::SystemTime as SubscriberTime;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime as SubscriberTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -223,22 +223,20 @@ thread_local! {
     static SECOND: Cell<(u64, [u8; 20])> = const { Cell::new((u64::MAX, [0; 20])) };
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.ffffffZ ` (UTC), as tracing-subscriber's `SystemTime` writes it.
-fn write_timestamp(writer: &mut impl fmt::Write, now: SystemTime) -> fmt::Result {
-    let Ok(since_epoch) = now.duration_since(UNIX_EPOCH) else {
-        // A clock before 1970: nothing to cache, and the default writes this for it.
-        return writer.write_str("<unknown time> ");
-    };
+/// `YYYY-MM-DDTHH:MM:SS.ffffffZ ` (UTC), as tracing-subscriber's `SystemTime` writes it, or `None`
+/// for a clock outside 1970–9999 (which humantime does not format): the caller then asks
+/// tracing-subscriber's own clock formatter.
+fn timestamp(now: SystemTime) -> Option<[u8; 28]> {
+    let since_epoch = now.duration_since(UNIX_EPOCH).ok()?;
     let secs = since_epoch.as_secs();
     let (cached, mut prefix) = SECOND.get();
     if cached != secs {
-        let whole = UNIX_EPOCH + std::time::Duration::from_secs(secs);
-        // `YYYY-MM-DDTHH:MM:SSZ`; the `Z` becomes the decimal point.
-        let text = humantime::format_rfc3339_seconds(whole).to_string();
-        let Some(date_time) = text.as_bytes().get(..19) else {
-            return writer.write_str(&text);
-        };
-        prefix[..19].copy_from_slice(date_time);
+        let whole = UNIX_EPOCH.checked_add(std::time::Duration::from_secs(secs))?;
+        // `YYYY-MM-DDTHH:MM:SSZ`; the `Z` becomes the decimal point. `write!` rather than
+        // `to_string`, which would panic on the error humantime returns past year 9999.
+        let mut text = String::with_capacity(20);
+        write!(text, "{}", humantime::format_rfc3339_seconds(whole)).ok()?;
+        prefix[..19].copy_from_slice(text.as_bytes().get(..19)?);
         prefix[19] = b'.';
         SECOND.set((secs, prefix));
     }
@@ -251,8 +249,22 @@ fn write_timestamp(writer: &mut impl fmt::Write, now: SystemTime) -> fmt::Result
     }
     line[26] = b'Z';
     line[27] = b' ';
-    // ASCII throughout (humantime writes digits, '-', ':' and 'T'), so this never fails.
-    std::str::from_utf8(&line).map_or(Err(fmt::Error), |text| writer.write_str(text))
+    Some(line)
+}
+
+/// The line's timestamp and the space after it.
+fn write_timestamp(writer: &mut Writer<'_>, now: SystemTime) -> fmt::Result {
+    // ASCII throughout (humantime writes digits, '-', ':' and 'T'), so `from_utf8` succeeds.
+    match timestamp(now)
+        .as_ref()
+        .map(|line| std::str::from_utf8(line))
+    {
+        Some(Ok(text)) => writer.write_str(text),
+        _ => {
+            SubscriberTime.format_time(writer)?;
+            writer.write_char(' ')
+        }
+    }
 }
 
 #[cfg(test)]
@@ -399,9 +411,9 @@ mod tests {
     #[test]
     fn timestamps_are_rfc3339_utc_with_microseconds() {
         let at = |secs: u64, micros: u64| {
-            let mut s = String::new();
             let t = UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros);
-            write_timestamp(&mut s, t).map(|()| s)
+            let mut s = String::new();
+            write_timestamp(&mut Writer::new(&mut s), t).map(|()| s)
         };
         assert_eq!(at(0, 7).as_deref(), Ok("1970-01-01T00:00:00.000007Z "));
         assert_eq!(
@@ -422,14 +434,30 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_outside_what_humantime_formats_falls_back_to_the_default_clock_text() {
+        // Before 1970 and after 9999 (humantime's error there would panic through `to_string`).
+        assert_eq!(timestamp(UNIX_EPOCH - Duration::from_secs(1)), None);
+        assert_eq!(
+            timestamp(UNIX_EPOCH + Duration::from_secs(253_402_300_800)),
+            None
+        );
+        let mut s = String::new();
+        let written = write_timestamp(
+            &mut Writer::new(&mut s),
+            UNIX_EPOCH - Duration::from_secs(1),
+        );
+        assert_eq!(written, Ok(()));
+        assert!(s.ends_with("Z "), "{s}");
+    }
+
+    #[test]
     fn timestamps_match_the_default_formatters_clock_text() {
-        use tracing_subscriber::fmt::time::FormatTime;
         let mut theirs = String::new();
         SubscriberTime
             .format_time(&mut Writer::new(&mut theirs))
             .ok();
         let mut ours = String::new();
-        write_timestamp(&mut ours, SystemTime::now()).ok();
+        write_timestamp(&mut Writer::new(&mut ours), SystemTime::now()).ok();
         // Same shape, same second (unless the test straddles one, which the prefix check allows).
         assert_eq!(theirs.len() + 1, ours.len(), "{theirs} / {ours}");
         assert_eq!(theirs[..16], ours[..16], "{theirs} / {ours}");
