@@ -88,7 +88,12 @@ impl Visit for FieldWriter<'_> {
         if self.result.is_err() {
             return;
         }
-        self.result = if field.name() == "message" {
+        let name = field.name();
+        // tracing-log's metadata fields (as in `record_debug`, where the default sends strings).
+        if name.starts_with("log.") {
+            return;
+        }
+        self.result = if name == "message" {
             self.pad()
                 .and_then(|()| Escaping(&mut self.writer).write_str(value))
         } else {
@@ -405,6 +410,39 @@ mod tests {
 
         let (expected, ours) = (expected.lines(), ours.lines());
         assert_eq!(expected.len(), 12, "{expected:#?}");
+        assert_eq!(without_time(ours), without_time(expected));
+    }
+
+    #[test]
+    fn records_of_the_log_crate_keep_their_own_target_and_fields() {
+        // The binary's `try_init` forwards `log` records (tokio-postgres's) as events whose
+        // metadata tracing-log rewrites; the default formatter shows the record's target.
+        tracing_log::LogTracer::init().ok();
+        log::set_max_level(log::LevelFilter::Trace);
+        let emit = || {
+            log::warn!(target: "tokio_postgres::connection", "server said: \x1b[2J {}", 42);
+        };
+        let expected = Captured::default();
+        let default = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(expected.clone())
+            .finish();
+        tracing::subscriber::with_default(default, emit);
+        let ours = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(ours.clone())
+            .fmt_fields(TextFields)
+            .event_format(TextLine::default())
+            .finish();
+        tracing::subscriber::with_default(subscriber, emit);
+
+        let (expected, ours) = (expected.lines(), ours.lines());
+        assert_eq!(expected.len(), 1, "{expected:#?}");
+        assert!(
+            expected[0].contains("tokio_postgres::connection"),
+            "{expected:?}"
+        );
         assert_eq!(without_time(ours), without_time(expected));
     }
 
