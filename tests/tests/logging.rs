@@ -42,3 +42,24 @@ fn every_line_queued_before_a_clean_exit_reaches_stderr_in_order() {
         logs.join("\n")
     );
 }
+
+#[test]
+fn a_rejected_payment_writes_an_info_line_with_its_status_and_reason() {
+    let dir = TempDir::new("logging-rejected");
+    let server = Server::start(dir.path(), &["--gateway-latency", "0ms"]);
+    let reply = server.pay(
+        KEY_A,
+        "order-too-precise",
+        r#"{"amount": 1.001, "currency": "BRL"}"#,
+    );
+    assert_eq!(reply.status, 422, "{reply:?}");
+    wait_until(Duration::from_secs(10), "the rejection's log line", || {
+        server.logs().iter().any(|l| {
+            l.contains(" INFO ")
+                && l.contains("payment rejected")
+                && l.contains("status=422")
+                && l.contains("more than two decimal places")
+                && l.contains("key=\"order-too-precise\"")
+        })
+    });
+}

@@ -32,6 +32,10 @@ pub struct PaymentsState {
 }
 
 fn invalid(status: StatusCode, detail: impl Into<String>) -> Response {
+    let detail = detail.into();
+    // The one INFO line of a request the handler turns down (a created payment has its own): at
+    // the default level an operator sees why, and the request span names the account and key.
+    info!(status = status.as_u16(), reason = %detail, "payment rejected");
     let (slug, title) = match status {
         StatusCode::BAD_REQUEST => ("malformed-body", "Malformed request body"),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported-media-type", "Body must be JSON"),
@@ -102,6 +106,7 @@ pub async fn create_payment(
             .into_response();
         }
         Err(GatewayError::KeyReused { charge_id }) => {
+            info!(%charge_id, "payment rejected: the provider holds this key's charge with other parameters: 409");
             return Problem::new(
                 StatusCode::CONFLICT,
                 "provider-key-reused",
