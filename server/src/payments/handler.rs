@@ -34,8 +34,10 @@ pub struct PaymentsState {
 fn invalid(status: StatusCode, detail: impl Into<String>) -> Response {
     let detail = detail.into();
     // The one INFO line of a request the handler turns down (a created payment has its own): at
-    // the default level an operator sees why, and the request span names the account and key.
-    info!(status = status.as_u16(), reason = %detail, "payment rejected");
+    // the default level an operator sees why, and the request span names the account and key. The
+    // reason in its quoted, escaped form: it can echo the client's text (a JSON error naming an
+    // unknown member), and a raw line break there would forge a log line.
+    info!(status = status.as_u16(), reason = ?detail, "payment rejected");
     let (slug, title) = match status {
         StatusCode::BAD_REQUEST => ("malformed-body", "Malformed request body"),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported-media-type", "Body must be JSON"),
