@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::response::StoredResponse;
 
 /// SHA-256 (or any 32-byte digest) of the request, computed by the caller. Two requests with the same
@@ -54,12 +56,39 @@ pub enum ClaimOutcome {
     },
 }
 
+/// The opaque blob a claim stores with the record it creates ([`ClaimOptions::request_digest`]).
+#[derive(Clone, Copy)]
+pub enum RequestDigest<'a> {
+    /// These bytes; empty for none.
+    Given(&'a [u8]),
+    /// What this function returns, called only when the claim writes a record (a new key, an
+    /// expired one, or a takeover): a replay, an in-progress answer, a mismatch or a refusal by
+    /// the quota never calls it. Called at most once per claim and never under the store's locks,
+    /// so it may be slow (a server hashes the request for it).
+    Lazy(&'a (dyn Fn() -> Bytes + Sync)),
+}
+
+impl Default for RequestDigest<'_> {
+    fn default() -> Self {
+        RequestDigest::Given(&[])
+    }
+}
+
+impl fmt::Debug for RequestDigest<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestDigest::Given(bytes) => f.debug_tuple("Given").field(&bytes.len()).finish(),
+            RequestDigest::Lazy(_) => f.write_str("Lazy"),
+        }
+    }
+}
+
 /// Optional parts of a claim ([`crate::Store::claim_with`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ClaimOptions<'a> {
     /// An opaque blob stored with the record (in the log, never in memory) and shown by
-    /// [`crate::Store::get`] as [`crate::Record::request_digest`]; empty for none; at most 8 KiB.
-    pub request_digest: &'a [u8],
+    /// [`crate::Store::get`] as [`crate::Record::request_digest`]; at most 8 KiB.
+    pub request_digest: RequestDigest<'a>,
     /// Refuse a claim of a *new* key (no record, or an expired one) while the scope already holds
     /// this many live records ([`ClaimOutcome::QuotaExceeded`]). Replays, in-progress answers and
     /// takeovers of live records are never refused. `None`: no limit. The count is exact under

@@ -71,7 +71,7 @@ pub mod storage;
 mod store;
 mod verify;
 
-pub use claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+pub use claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, RequestDigest, Takeover};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use compaction::CompactionReport;
 pub use dir_lock::LOCK_FILE;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use crate::claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, Takeover};
+use crate::claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, RequestDigest, Takeover};
 use crate::clock::duration_ms;
 use crate::dir_lock;
 use crate::error::{Corruption, Error, Result};
@@ -355,9 +355,13 @@ impl Store {
     ) -> Result<Deferred<ClaimOutcome>> {
         self.check_usable()?;
         limits::check_record_key(scope, key)?;
-        if options.request_digest.len() > op::MAX_DIGEST {
+        if let RequestDigest::Given(bytes) = options.request_digest
+            && bytes.len() > op::MAX_DIGEST
+        {
             return Err(Error::InvalidArgument("request digest longer than 8 KiB"));
         }
+        // A lazy digest, once computed (only when the claim is known to write; see below).
+        let mut computed: Option<Bytes> = None;
         let ttl_ms = duration_ms(ttl);
         if ttl_ms == 0 {
             return Err(Error::InvalidArgument("ttl must be at least 1 ms"));
@@ -428,6 +432,21 @@ impl Store {
                 Some(_) => Some(Takeover::Expired),
                 None => None,
             };
+            // This claim writes. A digest still to compute is computed with the shard lock let
+            // go, and the claim starts over: the record may have changed meanwhile.
+            let digest: &[u8] = match (options.request_digest, &computed) {
+                (RequestDigest::Given(bytes), _) => bytes,
+                (RequestDigest::Lazy(_), Some(bytes)) => bytes,
+                (RequestDigest::Lazy(compute), None) => {
+                    drop(map);
+                    let bytes = compute();
+                    if bytes.len() > op::MAX_DIGEST {
+                        return Err(Error::InvalidArgument("request digest longer than 8 KiB"));
+                    }
+                    computed = Some(bytes);
+                    continue;
+                }
+            };
             let expires_at = now.saturating_add(ttl_ms);
             let admit = Admit {
                 replaces: seen.map(|e| e.expires_at),
@@ -457,7 +476,7 @@ impl Store {
                     fence,
                     created_at: now,
                     expires_at,
-                    digest: options.request_digest,
+                    digest,
                 },
                 lease_until: now.saturating_add(core.lease_ms),
             };
@@ -480,7 +499,7 @@ impl Store {
                 fingerprint: fingerprint.0,
                 created_at: now,
                 expires_at,
-                digest: Bytes::copy_from_slice(options.request_digest),
+                digest: Bytes::copy_from_slice(digest),
             };
             return Ok(Deferred::Ready(
                 ClaimOutcome::Acquired(token),

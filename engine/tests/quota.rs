@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use idemlog::{ClaimOptions, ClaimOutcome, RecordState, Store};
+use idemlog::{ClaimOptions, ClaimOutcome, RecordState, RequestDigest, Store};
 
 fn limited(max: u64) -> ClaimOptions<'static> {
     ClaimOptions {
@@ -191,7 +191,7 @@ fn a_request_digest_survives_completion_renewal_compaction_and_reopen() {
     let store = f.open();
     let digest = b"\x01some-digest".as_slice();
     let options = ClaimOptions {
-        request_digest: digest,
+        request_digest: RequestDigest::Given(digest),
         ..ClaimOptions::default()
     };
     let ClaimOutcome::Acquired(token) = store
@@ -240,9 +240,92 @@ fn a_request_digest_survives_completion_renewal_compaction_and_reopen() {
         &fp(1),
         TTL,
         &ClaimOptions {
-            request_digest: &big,
+            request_digest: RequestDigest::Given(&big),
             ..ClaimOptions::default()
         },
     );
     assert!(refused.is_err());
+}
+
+/// A claim with a digest computed on demand, counting the computations.
+fn lazy_claim(store: &Store, key: &str, fingerprint: u8, calls: &AtomicUsize) -> ClaimOutcome {
+    let compute = || {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Bytes::from_static(b"\x01lazy-digest")
+    };
+    let options = ClaimOptions {
+        request_digest: RequestDigest::Lazy(&compute),
+        ..ClaimOptions::default()
+    };
+    store
+        .claim_with(b"a", key.as_bytes(), &fp(fingerprint), TTL, &options)
+        .expect("claim")
+}
+
+#[test]
+fn a_lazy_digest_is_computed_only_by_a_claim_that_writes_and_is_stored() {
+    let f = Fixture::new();
+    let store = f.open();
+    let calls = AtomicUsize::new(0);
+    let ClaimOutcome::Acquired(token) = lazy_claim(&store, "k", 1, &calls) else {
+        panic!("a new key is acquired");
+    };
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "computed once for the write"
+    );
+    assert!(matches!(
+        lazy_claim(&store, "k", 1, &calls),
+        ClaimOutcome::InProgress { .. }
+    ));
+    assert!(matches!(
+        lazy_claim(&store, "k", 2, &calls),
+        ClaimOutcome::Mismatch
+    ));
+    store
+        .complete(&token, &created("ok"), &[])
+        .expect("complete");
+    assert!(matches!(
+        lazy_claim(&store, "k", 1, &calls),
+        ClaimOutcome::Completed(_)
+    ));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "neither the 409, the mismatch nor the replay computed it"
+    );
+    let stored = store.get(b"a", b"k").expect("get").expect("record");
+    assert_eq!(
+        stored.request_digest,
+        Some(Bytes::from_static(b"\x01lazy-digest"))
+    );
+    store.close().expect("close");
+    let store = f.open();
+    let stored = store.get(b"a", b"k").expect("get").expect("record");
+    assert_eq!(
+        stored.request_digest,
+        Some(Bytes::from_static(b"\x01lazy-digest")),
+        "and it is in the log"
+    );
+}
+
+#[test]
+fn a_lazy_digest_over_8_kib_refuses_the_claim_and_writes_nothing() {
+    let f = Fixture::new();
+    let store = f.open();
+    let compute = || Bytes::from(vec![1u8; 8 * 1024 + 1]);
+    let refused = store.claim_with(
+        b"a",
+        b"big",
+        &fp(1),
+        TTL,
+        &ClaimOptions {
+            request_digest: RequestDigest::Lazy(&compute),
+            ..ClaimOptions::default()
+        },
+    );
+    assert!(refused.is_err());
+    assert!(store.get(b"a", b"big").expect("get").is_none());
+    assert_eq!(store.live_records(b"a"), 0);
 }

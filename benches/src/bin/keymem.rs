@@ -14,7 +14,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use idemlog::{ClaimOptions, ClaimOutcome, Durability, Fingerprint, Options, Store};
+use idemlog::{ClaimOptions, ClaimOutcome, Durability, Fingerprint, Options, RequestDigest, Store};
 use idemlog_benches::{Flags, KEY_LEN, Rss, SCOPE, ScratchDir, TTL, item, stored_response};
 
 struct Counting;
@@ -80,7 +80,7 @@ fn main() {
     flags.finish();
     let digest = vec![0x5au8; digest_len as usize];
     let claim_options = ClaimOptions {
-        request_digest: &digest,
+        request_digest: RequestDigest::Given(&digest),
         max_live_per_scope: (quota > 0).then_some(quota),
     };
 

@@ -2,7 +2,10 @@
 //! request can be answered with *which* fields differ (`differing_fields` in the 422), without
 //! storing the request body and without ever revealing a value.
 //!
-//! Computed at claim time and stored with the record, in the log or the database, never in memory.
+//! Stored with the record, in the log or the database, never in memory. The layer hands it to the
+//! store as a function ([`crate::RequestDigest::Lazy`]): the embedded store calls it only for a
+//! claim that writes a record, so a replay, a 409 or a 422 does not pay for its hashes; PostgreSQL,
+//! whose claim is one statement, calls it for every claim.
 //! It holds 8-byte truncated SHA-256 digests of the method, path, query, content type and whole body
 //! (as the fingerprint sees it), and, for a JSON body, the JSON Pointer (RFC 6901) of every leaf
 //! member with an 8-byte digest of the pointer and the member's canonical value. A leaf is a
@@ -74,6 +77,20 @@ pub fn request_digest_of(
     body: &[u8],
     json: Option<&JsonBody>,
 ) -> Bytes {
+    let media = fingerprint::media_type(headers);
+    request_digest_with_media(method, path, query, media.as_deref(), body, json)
+}
+
+/// [`request_digest_of`] with the request's media type already normalised
+/// ([`fingerprint::media_type`]).
+pub fn request_digest_with_media(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    media: Option<&str>,
+    body: &[u8],
+    json: Option<&JsonBody>,
+) -> Bytes {
     let mut out = Vec::with_capacity(64);
     out.push(VERSION);
     out.extend_from_slice(&short(b"method", &[method.as_str().as_bytes()]));
@@ -82,13 +99,9 @@ pub fn request_digest_of(
         Some(q) => out.extend_from_slice(&short(b"query", &[b"1", q.as_bytes()])),
         None => out.extend_from_slice(&short(b"query", &[b"0"])),
     }
-    let media = fingerprint::media_type(headers);
     out.extend_from_slice(&short(
         b"content-type",
-        &[
-            media.as_deref().unwrap_or("").as_bytes(),
-            &[u8::from(media.is_some())],
-        ],
+        &[media.unwrap_or("").as_bytes(), &[u8::from(media.is_some())]],
     ));
     let Some(json) = json else {
         out.extend_from_slice(&short(b"body", &[b"B", body]));

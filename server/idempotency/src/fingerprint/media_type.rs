@@ -5,14 +5,19 @@
 //! one media type give one fingerprint while different media types never do. [`is_json`] decides
 //! only whether a body is to be read as JSON at all.
 
-use axum::http::HeaderMap;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderValue};
 
 /// The request's `Content-Type` in a normal form: `Application/JSON; Charset="UTF-8"` and
 /// `application/json;charset=utf-8` are the same. A value that is not visible ASCII enters as its
 /// bytes, lossily decoded, so it still counts.
 pub fn media_type(headers: &HeaderMap) -> Option<String> {
-    let value = headers.get(CONTENT_TYPE)?;
+    media_type_of(headers.get(CONTENT_TYPE))
+}
+
+/// [`media_type`] of a `Content-Type` value already taken from the headers.
+pub fn media_type_of(value: Option<&HeaderValue>) -> Option<String> {
+    let value = value?;
     let text = String::from_utf8_lossy(value.as_bytes());
     let mut pieces = text.split(';');
     let essence = pieces.next().unwrap_or("").trim().to_ascii_lowercase();

@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 
 pub use self::canonical_json::canonical_json;
 pub use self::duplicates::duplicate_member;
-pub use self::media_type::{is_json, media_type};
+pub use self::media_type::{is_json, media_type, media_type_of};
 
 /// How a body enters the fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -14,14 +14,15 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{OriginalUri, Request};
-use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tower::{Layer, Service, ServiceExt};
 use tracing::{Instrument, Span, debug, error, info, info_span, warn};
 
 use crate::digest;
-use crate::fingerprint;
+use crate::fingerprint::{self, JsonBody};
 use crate::key::{self, IdempotencyKey};
 use crate::layer::body::{BodyError, read_body};
 use crate::layer::catch_panic::{self as panics, CatchPanic};
@@ -35,7 +36,9 @@ use crate::outcome::{Outcome, OutcomeCounts};
 use crate::problem::Problem;
 use crate::replay;
 use crate::side_records::SideRecords;
-use crate::store::{Claim, ClaimExtras, Fingerprint, HeldClaim, StoreError, StoreHandle, Takeover};
+use crate::store::{
+    Claim, ClaimExtras, Fingerprint, HeldClaim, RequestDigest, StoreError, StoreHandle, Takeover,
+};
 use crate::{ClaimInfo, Scope};
 
 /// The field of an enclosing span that the layer records the request's scope in, when that span
@@ -224,8 +227,14 @@ where
     let (method, path, query) = (&parts.method, uri.path(), uri.query());
     let fp =
         fingerprint::fingerprint_of(method, path, query, &parts.headers, &bytes, json.as_ref());
-    let request_digest =
-        digest::request_digest_of(method, path, query, &parts.headers, &bytes, json.as_ref());
+    // The digest is computed only if the store asks for it (a claim that writes a record).
+    let request_digest = DigestInput {
+        method: parts.method.clone(),
+        uri,
+        content_type: parts.headers.get(CONTENT_TYPE).cloned(),
+        body: bytes.clone(),
+        json,
+    };
     parts.extensions.insert(key.clone());
     let request = Request::from_parts(parts, Body::from(bytes));
 
@@ -266,6 +275,31 @@ fn request_span(scope: &Scope, key: &IdempotencyKey) -> Span {
     }
 }
 
+/// What the request digest is made of, kept until the store asks for the digest: the method,
+/// the full URI, the `Content-Type` and the body (as read, and as parsed for the fingerprint).
+/// Clones of reference-counted buffers, not copies.
+struct DigestInput {
+    method: Method,
+    uri: Uri,
+    content_type: Option<HeaderValue>,
+    body: Bytes,
+    json: Option<JsonBody>,
+}
+
+impl DigestInput {
+    fn digest(&self) -> Bytes {
+        let media = fingerprint::media_type_of(self.content_type.as_ref());
+        digest::request_digest_with_media(
+            &self.method,
+            self.uri.path(),
+            self.uri.query(),
+            media.as_deref(),
+            &self.body,
+            self.json.as_ref(),
+        )
+    }
+}
+
 /// Claim and act on the outcome. Runs inside [`FinishOnDrop`].
 async fn run<S>(
     shared: Arc<Shared>,
@@ -273,7 +307,7 @@ async fn run<S>(
     scope: Scope,
     key: IdempotencyKey,
     fp: Fingerprint,
-    request_digest: Bytes,
+    request_digest: DigestInput,
     request: Request,
 ) -> Response
 where
@@ -283,8 +317,9 @@ where
 {
     let counts = &shared.counts;
     let ttl = shared.config.key_ttl;
+    let compute_digest = || request_digest.digest();
     let extras = ClaimExtras {
-        request_digest: Some(request_digest.clone()),
+        request_digest: RequestDigest::Lazy(&compute_digest),
         max_live_keys: shared.config.max_live_keys,
     };
     let claimed = shared
@@ -315,7 +350,8 @@ where
             request_digest: stored,
         }) => {
             counts.record(Outcome::Mismatch);
-            let fields = stored.and_then(|s| digest::differing_fields(&s, &request_digest));
+            let fields =
+                stored.and_then(|s| digest::differing_fields(&s, &request_digest.digest()));
             info!(differing_fields = ?fields, "key reused for a different request: 422");
             let problem = Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,

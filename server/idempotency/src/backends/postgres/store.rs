@@ -116,15 +116,16 @@ impl IdempotencyStore for PostgresBackend {
         key: &str,
         fingerprint: &Fingerprint,
         ttl: Duration,
-        extras: &ClaimExtras,
+        extras: &ClaimExtras<'_>,
     ) -> Result<Claim, StoreError> {
         check_key(scope, key)?;
         let ttl_ms = millis(ttl);
         if ttl_ms < 1 {
             return Err(StoreError::Rejected("ttl must be at least 1 ms".into()));
         }
-        if extras
-            .request_digest
+        // One statement claims the key and stores the digest: computed before it is sent.
+        let request_digest = extras.request_digest.compute();
+        if request_digest
             .as_ref()
             .is_some_and(|d| d.len() > MAX_REQUEST_DIGEST)
         {
@@ -134,7 +135,7 @@ impl IdempotencyStore for PostgresBackend {
         }
         let inner = &*self.inner;
         let fp: &[u8] = &fingerprint.0;
-        let digest: Option<&[u8]> = extras.request_digest.as_deref();
+        let digest: Option<&[u8]> = request_digest.as_deref();
         let max_live = to_i64(extras.max_live_keys.unwrap_or(0));
         let lease_ms = inner.lease_ms;
         // A claim refused by the quota first deletes the scope's expired keys (they still count
