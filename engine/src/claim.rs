@@ -61,10 +61,10 @@ pub enum ClaimOutcome {
 pub enum RequestDigest<'a> {
     /// These bytes; empty for none.
     Given(&'a [u8]),
-    /// What this function returns, called only when the claim writes a record (a new key, an
-    /// expired one, or a takeover): a replay, an in-progress answer, a mismatch or a refusal by
-    /// the quota never calls it. Called at most once per claim and never under the store's locks,
-    /// so it may be slow (a server hashes the request for it).
+    /// What this function returns, called only when the claim is about to write a record (a new
+    /// key, an expired one, or a takeover): a replay, an in-progress answer or a mismatch never
+    /// calls it (a new key the quota then refuses may have). Called at most once per claim and
+    /// never under the store's locks, so it may be slow (a server hashes the request for it).
     Lazy(&'a (dyn Fn() -> Bytes + Sync)),
 }
 
