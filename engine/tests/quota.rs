@@ -234,17 +234,21 @@ fn a_request_digest_survives_completion_renewal_compaction_and_reopen() {
         None
     );
     let big = vec![1u8; 8 * 1024 + 1];
-    let refused = store.claim_with(
-        b"a",
-        b"big",
-        &fp(1),
-        TTL,
-        &ClaimOptions {
-            request_digest: RequestDigest::Given(&big),
-            ..ClaimOptions::default()
-        },
-    );
-    assert!(refused.is_err());
+    assert!(claim_with_digest(&store, "big", 1, RequestDigest::Given(&big)).is_err());
+}
+
+/// A claim in scope `a` storing `digest`.
+fn claim_with_digest(
+    store: &Store,
+    key: &str,
+    fingerprint: u8,
+    digest: RequestDigest<'_>,
+) -> idemlog::Result<ClaimOutcome> {
+    let options = ClaimOptions {
+        request_digest: digest,
+        ..ClaimOptions::default()
+    };
+    store.claim_with(b"a", key.as_bytes(), &fp(fingerprint), TTL, &options)
 }
 
 /// A claim with a digest computed on demand, counting the computations.
@@ -253,13 +257,7 @@ fn lazy_claim(store: &Store, key: &str, fingerprint: u8, calls: &AtomicUsize) ->
         calls.fetch_add(1, Ordering::SeqCst);
         Bytes::from_static(b"\x01lazy-digest")
     };
-    let options = ClaimOptions {
-        request_digest: RequestDigest::Lazy(&compute),
-        ..ClaimOptions::default()
-    };
-    store
-        .claim_with(b"a", key.as_bytes(), &fp(fingerprint), TTL, &options)
-        .expect("claim")
+    claim_with_digest(store, key, fingerprint, RequestDigest::Lazy(&compute)).expect("claim")
 }
 
 #[test]
@@ -315,17 +313,7 @@ fn a_lazy_digest_over_8_kib_refuses_the_claim_and_writes_nothing() {
     let f = Fixture::new();
     let store = f.open();
     let compute = || Bytes::from(vec![1u8; 8 * 1024 + 1]);
-    let refused = store.claim_with(
-        b"a",
-        b"big",
-        &fp(1),
-        TTL,
-        &ClaimOptions {
-            request_digest: RequestDigest::Lazy(&compute),
-            ..ClaimOptions::default()
-        },
-    );
-    assert!(refused.is_err());
+    assert!(claim_with_digest(&store, "big", 1, RequestDigest::Lazy(&compute)).is_err());
     assert!(store.get(b"a", b"big").expect("get").is_none());
     assert_eq!(store.live_records(b"a"), 0);
 }

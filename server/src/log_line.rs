@@ -85,21 +85,16 @@ impl<'a> FieldWriter<'a> {
 
 impl Visit for FieldWriter<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if self.result.is_err() {
-            return;
-        }
         let name = field.name();
-        // tracing-log's metadata fields (as in `record_debug`, where the default sends strings).
-        if name.starts_with("log.") {
-            return;
+        if name == "message" || name.starts_with("log.") {
+            // Rare as strings (a message given as a field, tracing-log's fields): the general path.
+            self.record_debug(field, &format_args!("{value}"));
+        } else if self.result.is_ok() {
+            // The common case (the span's scope and key): quoted, without a dynamic `Debug` call.
+            self.result = self
+                .name(field)
+                .and_then(|()| write!(self.writer, "{value:?}"));
         }
-        self.result = if name == "message" {
-            self.pad()
-                .and_then(|()| Escaping(&mut self.writer).write_str(value))
-        } else {
-            self.name(field)
-                .and_then(|()| write!(self.writer, "{value:?}"))
-        };
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
@@ -118,7 +113,8 @@ impl Visit for FieldWriter<'_> {
             return;
         }
         let name = field.name();
-        // tracing-log's metadata fields, already shown by the default formatter's `log` path.
+        // tracing-log's metadata fields (strings, so they come through `record_str` too), already
+        // shown by the default formatter's `log` path.
         if name.starts_with("log.") {
             return;
         }

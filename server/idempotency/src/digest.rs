@@ -3,7 +3,7 @@
 //! storing the request body and without ever revealing a value.
 //!
 //! Stored with the record, in the log or the database, never in memory. The layer hands it to the
-//! store as a function ([`crate::RequestDigest::Lazy`]): the embedded store calls it only for a
+//! store as a function ([`crate::ClaimExtras::request_digest`]): the embedded store calls it only for a
 //! claim that writes a record, so a replay, a 409 or a 422 does not pay for its hashes; PostgreSQL,
 //! whose claim is one statement, calls it for every claim.
 //! It holds 8-byte truncated SHA-256 digests of the method, path, query, content type and whole body

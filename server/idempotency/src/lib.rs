@@ -91,5 +91,5 @@ pub use scope::{ClaimInfo, Scope};
 pub use side_records::{SideRecords, persist_side_records};
 pub use store::{
     Claim, ClaimExtras, Expiry, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
-    InsertOnce, KeyRecord, KeyState, RecordWrite, RequestDigest, StoreError, StoreHandle,
+    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoreHandle,
 };

@@ -94,52 +94,29 @@ pub enum Claim {
     },
 }
 
-/// The request digest a claim stores with the record it writes ([`ClaimExtras::request_digest`]).
-#[derive(Clone, Copy, Default)]
-pub enum RequestDigest<'a> {
-    /// None is stored.
-    #[default]
-    None,
-    /// These bytes.
-    Given(&'a Bytes),
-    /// What this function returns. A backend calls it only when it needs the bytes: the embedded
-    /// store only for a claim that writes a record (a new, expired or taken-over key), never for a
-    /// replay, a 409 or a mismatch; a backend whose claim is one round trip (PostgreSQL) before
-    /// sending it. The layer passes one that hashes the request (`digest.rs`).
-    Lazy(&'a (dyn Fn() -> Bytes + Send + Sync)),
-}
-
-impl RequestDigest<'_> {
-    /// The bytes, computing them if they are lazy.
-    pub fn compute(&self) -> Option<Bytes> {
-        match self {
-            RequestDigest::None => None,
-            RequestDigest::Given(bytes) => Some((*bytes).clone()),
-            RequestDigest::Lazy(compute) => Some(compute()),
-        }
-    }
-}
-
-impl std::fmt::Debug for RequestDigest<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RequestDigest::None => f.write_str("None"),
-            RequestDigest::Given(bytes) => f.debug_tuple("Given").field(&bytes.len()).finish(),
-            RequestDigest::Lazy(_) => f.write_str("Lazy"),
-        }
-    }
-}
-
 /// The optional parts of a claim ([`IdempotencyStore::claim_with`]).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Clone, Copy, Default)]
 pub struct ClaimExtras<'a> {
     /// Stored with the record (never in memory): the per-member digests of the request, returned
-    /// by a later [`Claim::Mismatch`]. At most 8 KiB.
-    pub request_digest: RequestDigest<'a>,
+    /// by a later [`Claim::Mismatch`]; at most 8 KiB; `None`: none. A function, called only when
+    /// the backend needs the bytes: the embedded store only for a claim that writes a record (a
+    /// new, expired or taken-over key), never for a replay, a 409 or a mismatch; PostgreSQL, whose
+    /// claim is one statement, before sending it. The layer passes one that hashes the request
+    /// (`digest.rs`).
+    pub request_digest: Option<&'a (dyn Fn() -> Bytes + Sync)>,
     /// A claim of a *new* key (none, or only an expired one) is refused with
     /// [`Claim::QuotaExceeded`] while the scope holds this many live keys. Exact under
     /// concurrency (across processes, for a shared backend); `None`: no limit.
     pub max_live_keys: Option<u64>,
+}
+
+impl std::fmt::Debug for ClaimExtras<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimExtras")
+            .field("request_digest", &self.request_digest.map(|_| "fn"))
+            .field("max_live_keys", &self.max_live_keys)
+            .finish()
+    }
 }
 
 /// The state of one key, as [`IdempotencyStore::get`] reports it.

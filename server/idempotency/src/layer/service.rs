@@ -36,9 +36,7 @@ use crate::outcome::{Outcome, OutcomeCounts};
 use crate::problem::Problem;
 use crate::replay;
 use crate::side_records::SideRecords;
-use crate::store::{
-    Claim, ClaimExtras, Fingerprint, HeldClaim, RequestDigest, StoreError, StoreHandle, Takeover,
-};
+use crate::store::{Claim, ClaimExtras, Fingerprint, HeldClaim, StoreError, StoreHandle, Takeover};
 use crate::{ClaimInfo, Scope};
 
 /// The field of an enclosing span that the layer records the request's scope in, when that span
@@ -319,7 +317,7 @@ where
     let ttl = shared.config.key_ttl;
     let compute_digest = || request_digest.digest();
     let extras = ClaimExtras {
-        request_digest: RequestDigest::Lazy(&compute_digest),
+        request_digest: Some(&compute_digest),
         max_live_keys: shared.config.max_live_keys,
     };
     let claimed = shared

@@ -47,7 +47,7 @@ use crate::backends::embedded::convert::{engine_token, held_claim, side_write, s
 use crate::backends::embedded::counters::{Counters, counter_key, read_stripe, stripe_of};
 use crate::store::{
     Claim, ClaimExtras, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
-    InsertOnce, KeyRecord, KeyState, RecordWrite, RequestDigest, StoreError, StoredResponse,
+    InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
 };
 
 /// The embedded store. Cheap to clone.
@@ -241,11 +241,10 @@ impl IdempotencyStore for EmbeddedBackend {
         extras: &ClaimExtras<'_>,
     ) -> Result<Claim, StoreError> {
         let options = idemlog::ClaimOptions {
-            request_digest: match extras.request_digest {
-                RequestDigest::None => idemlog::RequestDigest::Given(&[]),
-                RequestDigest::Given(bytes) => idemlog::RequestDigest::Given(bytes),
-                RequestDigest::Lazy(compute) => idemlog::RequestDigest::Lazy(compute),
-            },
+            request_digest: extras.request_digest.map_or(
+                idemlog::RequestDigest::Given(&[]),
+                idemlog::RequestDigest::Lazy,
+            ),
             max_live_per_scope: extras.max_live_keys,
         };
         let outcome = self

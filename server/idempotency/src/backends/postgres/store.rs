@@ -124,7 +124,7 @@ impl IdempotencyStore for PostgresBackend {
             return Err(StoreError::Rejected("ttl must be at least 1 ms".into()));
         }
         // One statement claims the key and stores the digest: computed before it is sent.
-        let request_digest = extras.request_digest.compute();
+        let request_digest = extras.request_digest.map(|compute| compute());
         if request_digest
             .as_ref()
             .is_some_and(|d| d.len() > MAX_REQUEST_DIGEST)
