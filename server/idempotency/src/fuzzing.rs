@@ -9,7 +9,10 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use idemlog::Fingerprint;
 use serde_json::Value;
 
-use crate::fingerprint::{FingerprintMode, canonical_json, fingerprint};
+use crate::fingerprint::{
+    FingerprintMode, RepeatedMember, canonical_json, duplicate_member, fingerprint, parse_body,
+    parse_body_strict,
+};
 use crate::key::{self, HEADER, KeyError};
 
 /// Parses `bytes` as an `Idempotency-Key` header value.
@@ -77,17 +80,34 @@ fn fp(mode: FingerprintMode, content_type: Option<&'static str>, body: &[u8]) ->
     fingerprint(mode, &Method::POST, "/payments", None, &headers, body)
 }
 
+/// `parse_body_strict` (one pass) answers as `duplicate_member` and then `parse_body` (two) did:
+/// the same refusal, or the same document and canonical form, in both modes.
+fn one_pass_agrees_with_two(bytes: &[u8]) {
+    let mut headers = HeaderMap::new();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for mode in [FingerprintMode::CanonicalJson, FingerprintMode::ExactBytes] {
+        let two = match duplicate_member(&headers, bytes) {
+            Some(name) => Err(RepeatedMember(name)),
+            None => Ok(parse_body(mode, &headers, bytes).map(|json| (json.value, json.canonical))),
+        };
+        let one = parse_body_strict(mode, &headers, bytes)
+            .map(|json| json.map(|json| (json.value, json.canonical)));
+        assert_eq!(one, two, "{mode:?}: one pass against two");
+    }
+}
+
 /// Fingerprints `bytes` as a request body.
 ///
 /// Panics unless: a body that is JSON has a canonical form that is UTF-8 JSON and its own canonical
 /// form (`canonical(canonical(x)) == canonical(x)`); the body, its canonical form and its
 /// re-serialisations (compact and pretty) have one fingerprint under a JSON content type; a body
 /// that is not JSON, or not sent as JSON, or any body in exact-bytes mode, is hashed byte for byte;
-/// and the content type always counts.
+/// the content type always counts; and the one-pass parse agrees with the two passes it replaced.
 pub fn json_fingerprint(bytes: &[u8]) {
     use FingerprintMode::{CanonicalJson, ExactBytes};
     const JSON: Option<&str> = Some("application/json");
     let exact = fp(ExactBytes, JSON, bytes);
+    one_pass_agrees_with_two(bytes);
     assert_eq!(
         fp(CanonicalJson, None, bytes),
         fp(ExactBytes, None, bytes),

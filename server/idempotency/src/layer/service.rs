@@ -196,32 +196,21 @@ where
             .into_response();
         }
     };
-    if let Some(name) = fingerprint::duplicate_member(&parts.headers, &bytes) {
-        counts.record(Outcome::RejectedBody);
-        info!(
-            scope = scope.as_str(),
-            key = key.as_str(),
-            member = %name,
-            "rejected request: JSON body repeats a member name"
-        );
-        return Problem::new(
-            StatusCode::BAD_REQUEST,
-            "duplicate-json-member",
-            "JSON body repeats a member name",
-            format!(
-                "the member {name:?} appears more than once in one object; send each member once \
-                 (nothing was claimed: a corrected request may reuse this Idempotency-Key)"
-            ),
-        )
-        .into_response();
-    }
+    // The body is parsed and canonicalised once, for the refusal of a repeated member, the
+    // fingerprint and the digest.
+    let json =
+        match fingerprint::parse_body_strict(shared.config.fingerprint, &parts.headers, &bytes) {
+            Ok(json) => json,
+            Err(fingerprint::RepeatedMember(name)) => {
+                counts.record(Outcome::RejectedBody);
+                return repeated_member(&scope, &key, &name);
+            }
+        };
     // The full path even when this layer sits inside a `nest`ed router, which strips its prefix.
     let uri = parts
         .extensions
         .get::<OriginalUri>()
         .map_or_else(|| parts.uri.clone(), |original| original.0.clone());
-    // The body is parsed and canonicalised once, for both the fingerprint and the digest.
-    let json = fingerprint::parse_body(shared.config.fingerprint, &parts.headers, &bytes);
     let (method, path, query) = (&parts.method, uri.path(), uri.query());
     let fp =
         fingerprint::fingerprint_of(method, path, query, &parts.headers, &bytes, json.as_ref());
@@ -255,6 +244,26 @@ where
             Problem::internal("the request could not be processed").into_response()
         }
     }
+}
+
+/// The answer to a JSON body that repeats a member name: 400, nothing claimed.
+fn repeated_member(scope: &Scope, key: &IdempotencyKey, name: &str) -> Response {
+    info!(
+        scope = scope.as_str(),
+        key = key.as_str(),
+        member = %name,
+        "rejected request: JSON body repeats a member name"
+    );
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "duplicate-json-member",
+        "JSON body repeats a member name",
+        format!(
+            "the member {name:?} appears more than once in one object; send each member once \
+             (nothing was claimed: a corrected request may reuse this Idempotency-Key)"
+        ),
+    )
+    .into_response()
 }
 
 /// The span the rest of the request runs in, naming its scope and key. When the span the request
