@@ -17,7 +17,8 @@
 //!
 //! Run with `cargo bench -p idemlog-benches --bench router`. Times on this machine's shared cores
 //! swing by ±10 % between runs; instruction counts do not. With `IDEMLOG_ROUTER_REQUESTS=n` set
-//! (and `IDEMLOG_ROUTER_KIND=new_key` or `replay`, `IDEMLOG_ROUTER_LOG=info` or `off`) the bench
+//! (and `IDEMLOG_ROUTER_KIND=new_key`, `replay` or `no_layer` (new keys with `--idempotency off`:
+//! what the layer costs is the difference), `IDEMLOG_ROUTER_LOG=info` or `off`) the bench
 //! sends n requests of that kind and exits without criterion, for
 //! `valgrind --tool=callgrind`: the difference between two such runs' instruction totals
 //! divided by the difference of their n is the instructions one request costs.
@@ -51,8 +52,9 @@ const API_KEY: &str = "sk_bench";
 const ACCOUNT: &str = "acct_bench";
 const BODY: &str = r#"{"amount": 100.00, "currency": "BRL"}"#;
 
-/// The server's defaults where they matter to a request (`--key-ttl`, `--lease`, body limits).
-fn config() -> RouterConfig {
+/// The server's defaults where they matter to a request (`--key-ttl`, `--lease`, body limits),
+/// with the idempotency layer on or off (`--idempotency off`).
+fn config(idempotency: bool) -> RouterConfig {
     RouterConfig {
         key_ttl: Duration::from_secs(24 * 3600),
         lease: Duration::from_secs(30),
@@ -62,7 +64,7 @@ fn config() -> RouterConfig {
         fingerprint: FingerprintMode::default(),
         gateway_latency: Duration::ZERO,
         gateway_fail_after_charge: 0,
-        idempotency: true,
+        idempotency,
         max_live_keys_per_account: 0,
     }
 }
@@ -86,11 +88,11 @@ async fn send(app: &Router, request: Request<Body>) -> usize {
 }
 
 /// The router on a fresh embedded store, with the replayed key already completed.
-fn app(rt: &tokio::runtime::Runtime, dir: &ScratchDir) -> (Services, Router) {
+fn app(rt: &tokio::runtime::Runtime, dir: &ScratchDir, idempotency: bool) -> (Services, Router) {
     let options = Options::default().durability(Durability::None);
     let store = EmbeddedBackend::open(dir.path(), options).expect("open the store");
     let keys = ApiKeys::new(&[(API_KEY.to_owned(), ACCOUNT.to_owned())]).expect("keys");
-    let services = Services::new(Arc::new(store.clone()), keys, &config());
+    let services = Services::new(Arc::new(store.clone()), keys, &config(idempotency));
     let app = router(&services);
     rt.block_on(send(&app, payment("replayed")));
     (services, app)
@@ -112,7 +114,7 @@ fn count_run(n: u64) {
     let (writer, _guard) = log_buffer(std::io::sink()).expect("log writer thread");
     let subscriber = log_subscriber(EnvFilter::new(&log), LogFormat::Text, writer, false);
     tracing::subscriber::with_default(subscriber, || {
-        let (services, app) = app(&rt, &dir);
+        let (services, app) = app(&rt, &dir, kind != "no_layer");
         for i in 0..n {
             let key = match kind.as_str() {
                 "replay" => "replayed".to_owned(),
@@ -128,7 +130,7 @@ fn count_run(n: u64) {
 fn bench_requests(c: &mut Criterion) {
     let rt = runtime();
     let dir = ScratchDir::new("router-bench");
-    let (services, app) = app(&rt, &dir);
+    let (services, app) = app(&rt, &dir, true);
     let next = AtomicU64::new(0);
 
     let mut group = c.benchmark_group("request");
