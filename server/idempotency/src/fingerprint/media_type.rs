@@ -54,12 +54,54 @@ pub fn is_json(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = value.split(';').next().unwrap_or("").trim().as_bytes();
+    // Compared without a lower-cased copy (this runs on every request).
+    let (prefix, suffix) = (b"application/".as_slice(), b"+json".as_slice());
+    essence.eq_ignore_ascii_case(b"application/json")
+        || (essence.len() >= prefix.len() + suffix.len()
+            && essence[..prefix.len()].eq_ignore_ascii_case(prefix)
+            && essence[essence.len() - suffix.len()..].eq_ignore_ascii_case(suffix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(content_type: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_bytes(content_type).expect("a header value"),
+        );
+        h
+    }
+
+    #[test]
+    fn json_and_json_suffixed_media_types_are_json_in_any_case() {
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            " application/json ;x=1",
+            "application/problem+json",
+            "APPLICATION/VND.API+JSON",
+            "application/+json",
+        ] {
+            assert!(is_json(&with(json.as_bytes())), "{json}");
+        }
+        for other in [
+            "text/json",
+            "application/jsonx",
+            "application/json-seq",
+            "application+json",
+            "application/x+jsonp",
+            "",
+        ] {
+            assert!(!is_json(&with(other.as_bytes())), "{other}");
+        }
+        assert!(!is_json(&HeaderMap::new()));
+        assert!(
+            !is_json(&with(b"application/json\xff")),
+            "not visible ASCII"
+        );
+    }
 }

@@ -131,6 +131,20 @@ pub fn fingerprint_of(
     body: &[u8],
     json: Option<&JsonBody>,
 ) -> Fingerprint {
+    let media = media_type(headers);
+    fingerprint_with_media(method, path, query, media.as_deref(), body, json)
+}
+
+/// [`fingerprint_of`] with the `Content-Type`'s normal form already taken ([`media_type()`]), for
+/// a caller that needs it again (the layer's request digest).
+pub fn fingerprint_with_media(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    media: Option<&str>,
+    body: &[u8],
+    json: Option<&JsonBody>,
+) -> Fingerprint {
     let mut hash = Sha256::new();
     hash.update(DOMAIN);
     part(&mut hash, method.as_str().as_bytes());
@@ -142,7 +156,7 @@ pub fn fingerprint_of(
         }
         None => hash.update([0]),
     }
-    match media_type(headers) {
+    match media {
         Some(media_type) => {
             hash.update([1]);
             part(&mut hash, media_type.as_bytes());

@@ -14,8 +14,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::extract::{OriginalUri, Request};
-use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, Method, StatusCode, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tower::{Layer, Service, ServiceExt};
@@ -212,13 +211,21 @@ where
         .get::<OriginalUri>()
         .map_or_else(|| parts.uri.clone(), |original| original.0.clone());
     let (method, path, query) = (&parts.method, uri.path(), uri.query());
-    let fp =
-        fingerprint::fingerprint_of(method, path, query, &parts.headers, &bytes, json.as_ref());
+    // Normalised once, for the fingerprint now and the digest later.
+    let media = fingerprint::media_type(&parts.headers);
+    let fp = fingerprint::fingerprint_with_media(
+        method,
+        path,
+        query,
+        media.as_deref(),
+        &bytes,
+        json.as_ref(),
+    );
     // The digest is computed only if the store asks for it (a claim that writes a record).
     let request_digest = DigestInput {
         method: parts.method.clone(),
         uri,
-        content_type: parts.headers.get(CONTENT_TYPE).cloned(),
+        media,
         body: bytes.clone(),
         json,
     };
@@ -283,24 +290,23 @@ fn request_span(scope: &Scope, key: &IdempotencyKey) -> Span {
 }
 
 /// What the request digest is made of, kept until the store asks for the digest: the method,
-/// the full URI, the `Content-Type` and the body (as read, and as parsed for the fingerprint).
-/// Clones of reference-counted buffers, not copies.
+/// the full URI, the `Content-Type`'s normal form and the body (as read, and as parsed for the
+/// fingerprint). Clones of reference-counted buffers, not copies.
 struct DigestInput {
     method: Method,
     uri: Uri,
-    content_type: Option<HeaderValue>,
+    media: Option<String>,
     body: Bytes,
     json: Option<JsonBody>,
 }
 
 impl DigestInput {
     fn digest(&self) -> Bytes {
-        let media = fingerprint::media_type_of(self.content_type.as_ref());
         digest::request_digest_with_media(
             &self.method,
             self.uri.path(),
             self.uri.query(),
-            media.as_deref(),
+            self.media.as_deref(),
             &self.body,
             self.json.as_ref(),
         )
