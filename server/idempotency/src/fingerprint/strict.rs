@@ -311,6 +311,20 @@ mod tests {
     }
 
     #[test]
+    fn nesting_past_serde_jsons_depth_limit_is_not_json_and_does_not_overflow_the_stack() {
+        // 64 KiB of `[` (the body limit's worth): serde_json stops at 128 levels.
+        let deep = vec![b'['; 64 << 10];
+        assert!(parse(&deep).is_none());
+        assert_same_as_two_passes(&deep);
+        let mut nested = "[".repeat(100);
+        nested.push_str(&"]".repeat(100));
+        assert!(
+            parse(nested.as_bytes()).is_some(),
+            "100 levels are within the limit"
+        );
+    }
+
+    #[test]
     fn trailing_bytes_after_the_document_are_not_json() {
         assert!(parse(br#"{"a":1} x"#).is_none());
         assert!(parse(b"{\"a\":1}\n").is_some());
