@@ -84,14 +84,7 @@ impl<'de> Visitor<'de> for DuplicateVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
-    use axum::http::header::CONTENT_TYPE;
-
-    fn json_headers() -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h
-    }
+    use crate::fingerprint::json_headers;
 
     #[test]
     fn a_json_body_that_repeats_a_member_is_found_at_any_depth() {

@@ -181,17 +181,22 @@ fn part(hash: &mut Sha256, bytes: &[u8]) {
     hash.update(bytes);
 }
 
+/// Headers of a request sent as JSON, for the tests of this module and its parts.
+#[cfg(test)]
+pub(crate) fn json_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
     use axum::http::header::CONTENT_TYPE;
-
-    fn json_headers() -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h
-    }
 
     fn fp(mode: FingerprintMode, headers: &HeaderMap, body: &str) -> Fingerprint {
         fingerprint(

@@ -175,18 +175,10 @@ impl<'de> Visitor<'de> for Strict<'_> {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::header::CONTENT_TYPE;
-    use axum::http::{HeaderMap, HeaderValue};
     use proptest::prelude::*;
 
     use super::*;
-    use crate::fingerprint::duplicate_member;
-
-    fn json_headers() -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        h
-    }
+    use crate::fingerprint::{duplicate_member, json_headers};
 
     /// What the two passes this parse replaces answer for `body`: serde_json's `Value`, and the
     /// walk for repeated names (asked only where the old code asked it too: always).
