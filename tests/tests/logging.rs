@@ -82,3 +82,26 @@ fn a_client_text_echoed_in_a_rejection_cannot_start_a_log_line_of_its_own() {
         logs.join("\n")
     );
 }
+
+#[test]
+fn a_repeated_member_name_cannot_start_a_log_line_of_its_own() {
+    let dir = TempDir::new("logging-forged-member");
+    let server = Server::start(dir.path(), &["--gateway-latency", "0ms"]);
+    let forged = "2026-01-01T00:00:00.000000Z  INFO forged: payment created";
+    let body =
+        format!(r#"{{"amount": 1.00, "currency": "BRL", "x\n{forged}": 1, "x\n{forged}": 2}}"#);
+    let reply = server.pay(KEY_A, "order-forged-member", &body);
+    assert_eq!(reply.status, 400, "{reply:?}");
+    wait_until(Duration::from_secs(10), "the rejection's log line", || {
+        server
+            .logs()
+            .iter()
+            .any(|l| l.contains("repeats a member name"))
+    });
+    let logs = server.logs();
+    assert!(
+        !logs.iter().any(|l| l.starts_with(forged)),
+        "a line starts with the client's text:\n{}",
+        logs.join("\n")
+    );
+}

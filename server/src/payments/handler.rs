@@ -187,7 +187,8 @@ pub async fn get_payment(
     let record: PaymentRecord = match serde_json::from_slice(&bytes) {
         Ok(record) => record,
         Err(e) => {
-            error!(error = %e, payment_id = %id, "stored payment is unreadable");
+            // The id comes from the URL, percent-decoded: quoted and escaped like any client text.
+            error!(error = %e, payment_id = ?id, "stored payment is unreadable");
             return Problem::internal("the payment could not be read").into_response();
         }
     };

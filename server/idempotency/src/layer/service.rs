@@ -255,10 +255,12 @@ where
 
 /// The answer to a JSON body that repeats a member name: 400, nothing claimed.
 fn repeated_member(scope: &Scope, key: &IdempotencyKey, name: &str) -> Response {
+    // The name is the client's text: quoted and escaped (`?`), as Display a line break in it
+    // would start a forged log line.
     info!(
         scope = scope.as_str(),
         key = key.as_str(),
-        member = %name,
+        member = ?name,
         "rejected request: JSON body repeats a member name"
     );
     Problem::new(
