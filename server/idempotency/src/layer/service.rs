@@ -18,6 +18,7 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tower::{Layer, Service, ServiceExt};
+use tracing::field::Value;
 use tracing::{Instrument, Span, debug, error, info, info_span, warn};
 
 use crate::digest;
@@ -282,12 +283,21 @@ fn repeated_member(scope: &Scope, key: &IdempotencyKey, name: &str) -> Response 
 /// request cost about 2 % of the server's CPU (BENCHMARKS.md, issue 23's seventh step).
 fn request_span(scope: &Scope, key: &IdempotencyKey) -> Span {
     let current = Span::current();
-    if current.has_field(SCOPE_FIELD) && current.has_field(KEY_FIELD) {
-        current.record(SCOPE_FIELD, scope.as_str());
-        current.record(KEY_FIELD, key.as_str());
-        current
-    } else {
-        info_span!("idempotency", scope = scope.as_str(), key = key.as_str())
+    let fields = current
+        .metadata()
+        .map(|meta| meta.fields())
+        .and_then(|fields| Some((fields, fields.field(SCOPE_FIELD)?, fields.field(KEY_FIELD)?)));
+    match fields {
+        Some((fields, scope_field, key_field)) => {
+            // Both in one record: each record is a trip through the subscriber's layers.
+            let (scope, key) = (scope.as_str(), key.as_str());
+            current.record_all(&fields.value_set(&[
+                (&scope_field, Some(&scope as &dyn Value)),
+                (&key_field, Some(&key as &dyn Value)),
+            ]));
+            current
+        }
+        None => info_span!("idempotency", scope = scope.as_str(), key = key.as_str()),
     }
 }
 
