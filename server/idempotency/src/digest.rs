@@ -84,7 +84,7 @@ pub fn request_digest_of(
 
 /// [`request_digest_of`] with the request's media type already normalised
 /// ([`fingerprint::media_type`]).
-pub fn request_digest_with_media(
+pub(crate) fn request_digest_with_media(
     method: &Method,
     path: &str,
     query: Option<&str>,

@@ -137,7 +137,7 @@ pub fn fingerprint_of(
 
 /// [`fingerprint_of`] with the `Content-Type`'s normal form already taken ([`media_type()`]), for
 /// a caller that needs it again (the layer's request digest).
-pub fn fingerprint_with_media(
+pub(crate) fn fingerprint_with_media(
     method: &Method,
     path: &str,
     query: Option<&str>,
