@@ -6,14 +6,17 @@
 //! (`X-Account-Id` or any other) is ignored.
 
 use std::collections::HashMap;
+use std::future::{Ready, ready};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use sha2::{Digest, Sha256};
+use tower::{Layer, Service};
 
 use idemlog_idempotency::Scope;
 use idemlog_idempotency::problem::Problem;
@@ -23,7 +26,7 @@ pub const DEMO_API_KEY: &str = "demo-key";
 /// The account the demo key authenticates.
 pub const DEMO_ACCOUNT: &str = "acct_demo";
 
-/// An authenticated account, put in the request extensions by [`require_account`].
+/// An authenticated account, put in the request extensions by [`RequireAccount`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Account(pub Arc<str>);
 
@@ -134,22 +137,64 @@ impl ApiKeys {
     }
 }
 
-/// Middleware: authenticates the request, or answers 401. On success the request carries the
-/// [`Account`] and the idempotency [`Scope`] derived from it.
-pub async fn require_account(
-    State(keys): State<Arc<ApiKeys>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match keys.authenticate(request.headers()) {
-        Ok(account) => {
-            request
-                .extensions_mut()
-                .insert(Scope::new(account.as_str()));
-            request.extensions_mut().insert(account);
-            next.run(request).await
+/// The authentication middleware ([`RequireAccount`]) over `keys`.
+#[derive(Clone)]
+pub struct RequireAccountLayer {
+    keys: Arc<ApiKeys>,
+}
+
+impl RequireAccountLayer {
+    /// A layer authenticating against `keys`.
+    pub fn new(keys: Arc<ApiKeys>) -> Self {
+        Self { keys }
+    }
+}
+
+impl<S> Layer<S> for RequireAccountLayer {
+    type Service = RequireAccount<S>;
+
+    fn layer(&self, inner: S) -> RequireAccount<S> {
+        RequireAccount {
+            inner,
+            keys: Arc::clone(&self.keys),
         }
-        Err(problem) => problem.into_response(),
+    }
+}
+
+/// Middleware: authenticates the request, or answers 401 without calling the service it wraps. On
+/// success the request carries the [`Account`] and the idempotency [`Scope`] derived from it.
+///
+/// A service of its own rather than `axum::middleware::from_fn`, which clones the whole service
+/// below it and boxes two futures on every request (BENCHMARKS.md, issue 23's eleventh step).
+#[derive(Clone)]
+pub struct RequireAccount<S> {
+    inner: S,
+    keys: Arc<ApiKeys>,
+}
+
+impl<S> Service<Request> for RequireAccount<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Either<Ready<Result<Response, S::Error>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        match self.keys.authenticate(request.headers()) {
+            Ok(account) => {
+                request
+                    .extensions_mut()
+                    .insert(Scope::new(account.as_str()));
+                request.extensions_mut().insert(account);
+                Either::Right(self.inner.call(request))
+            }
+            Err(problem) => Either::Left(ready(Ok(problem.into_response()))),
+        }
     }
 }
 

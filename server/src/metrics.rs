@@ -7,20 +7,23 @@
 //!
 //! A scrape reads atomics and the backends' running counts: it never walks the store's keys.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, Method};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use pin_project_lite::pin_project;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use tower::{Layer, Service};
 use tracing::warn;
 
 use crate::payments::Gateway;
@@ -126,22 +129,95 @@ fn route_label(matched: Option<&MatchedPath>) -> &'static str {
 
 /// Middleware (for `Router::layer`, so that it runs after routing and sees [`MatchedPath`]):
 /// records `http_server_request_duration_seconds` when the response head is ready.
-pub async fn record_http(
-    State(metrics): State<HttpMetrics>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let http_route = route_label(request.extensions().get::<MatchedPath>());
-    let http_request_method = method_label(request.method());
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let labels = HttpLabels {
-        http_route,
-        http_request_method,
-        http_response_status_code: response.status().as_u16(),
-    };
-    metrics.observe(&labels, started.elapsed().as_secs_f64());
-    response
+#[derive(Clone)]
+pub struct RecordHttpLayer {
+    metrics: HttpMetrics,
+}
+
+impl RecordHttpLayer {
+    /// A layer recording into `metrics`.
+    pub fn new(metrics: HttpMetrics) -> Self {
+        Self { metrics }
+    }
+}
+
+impl<S> Layer<S> for RecordHttpLayer {
+    type Service = RecordHttp<S>;
+
+    fn layer(&self, inner: S) -> RecordHttp<S> {
+        RecordHttp {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The service of [`RecordHttpLayer`]. A service of its own rather than
+/// `axum::middleware::from_fn`, which clones the whole service below it and boxes two futures on
+/// every request (BENCHMARKS.md, issue 23's eleventh step).
+#[derive(Clone)]
+pub struct RecordHttp<S> {
+    inner: S,
+    metrics: HttpMetrics,
+}
+
+impl<S> Service<Request> for RecordHttp<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = RecordHttpFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let http_route = route_label(request.extensions().get::<MatchedPath>());
+        let http_request_method = method_label(request.method());
+        RecordHttpFuture {
+            started: Instant::now(),
+            inner: self.inner.call(request),
+            metrics: self.metrics.clone(),
+            http_route,
+            http_request_method,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`RecordHttp`]: the response, observed when it is ready.
+    pub struct RecordHttpFuture<F> {
+        #[pin]
+        inner: F,
+        metrics: HttpMetrics,
+        started: Instant,
+        http_route: &'static str,
+        http_request_method: &'static str,
+    }
+}
+
+impl<F, E> Future for RecordHttpFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx));
+        if let Ok(response) = &result {
+            let labels = HttpLabels {
+                http_route: this.http_route,
+                http_request_method: this.http_request_method,
+                http_response_status_code: response.status().as_u16(),
+            };
+            this.metrics
+                .observe(&labels, this.started.elapsed().as_secs_f64());
+        }
+        Poll::Ready(result)
+    }
 }
 
 /// What the metrics endpoint reads.

@@ -27,12 +27,12 @@ use tower::ServiceBuilder;
 use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::debug;
 
-use crate::auth::{ApiKeys, require_account};
-use crate::metrics::{HttpMetrics, MetricsState, metrics, record_http};
+use crate::auth::{ApiKeys, RequireAccountLayer};
+use crate::metrics::{HttpMetrics, MetricsState, RecordHttpLayer, metrics};
 use crate::payments::{Gateway, GatewayConfig, PaymentsState, create_payment, get_payment};
 use crate::telemetry::make_span;
-use idemlog_idempotency::problem::{Problem, ensure_problem_json};
-use idemlog_idempotency::request_id::request_context;
+use idemlog_idempotency::problem::{Problem, ProblemJsonLayer};
+use idemlog_idempotency::request_id::RequestContextLayer;
 use idemlog_idempotency::status::{KeyStatusState, key_status};
 use idemlog_idempotency::{
     FingerprintMode, Health, IdempotencyConfig, IdempotencyLayer, OutcomeCounts, StoreHandle,
@@ -181,10 +181,7 @@ pub fn router(services: &Services) -> Router {
         .route_layer(
             ServiceBuilder::new()
                 .layer(DefaultBodyLimit::max(services.max_body_bytes))
-                .layer(middleware::from_fn_with_state(
-                    Arc::clone(&services.keys),
-                    require_account,
-                )),
+                .layer(RequireAccountLayer::new(Arc::clone(&services.keys))),
         );
     Router::new()
         .route(
@@ -214,14 +211,14 @@ pub fn router(services: &Services) -> Router {
         // call, and every request clones each box below the one it enters, several times over.
         .layer(
             ServiceBuilder::new()
-                .layer(middleware::from_fn(request_context))
+                .layer(RequestContextLayer)
                 .layer(
                     TraceLayer::new_for_http()
                         .make_span_with(make_span)
                         .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
                         .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
                 )
-                .layer(middleware::from_fn_with_state(http, record_http))
-                .layer(middleware::map_response(ensure_problem_json)),
+                .layer(RecordHttpLayer::new(http))
+                .layer(ProblemJsonLayer),
         )
 }

@@ -1,7 +1,7 @@
 //! Tracing of requests: the span every log line of a request is recorded in.
 //!
 //! The request id itself is settled by the idempotency crate's
-//! [`request_context`](idemlog_idempotency::request_id::request_context) middleware (outermost), so
+//! [`RequestContextLayer`](idemlog_idempotency::request_id::RequestContextLayer) middleware (outermost), so
 //! the span can name it; the route label is the matched template, or [`UNMATCHED_ROUTE`].
 
 use axum::extract::{MatchedPath, Request};

@@ -1,7 +1,7 @@
 //! RFC 9457 problem details: the one shape every error response of this server takes.
 //!
 //! A [`Problem`] carries the four members the issue requires (`type`, `title`, `status`, `detail`) and
-//! renders as `application/problem+json`. [`ensure_problem_json`] is a last-line middleware that turns
+//! renders as `application/problem+json`. [`ProblemJsonLayer`] is a last-line middleware that turns
 //! any other error response (axum's own 404/405/413 rejections, a bare status from a handler) into one,
 //! so clients can rely on the media type for every 4xx and 5xx.
 //!
@@ -9,11 +9,16 @@
 //! `request_id` ([`crate::request_id`]). It is added when the body is built, so a 4xx that the
 //! idempotency layer stores and replays keeps the id of the request that produced it.
 
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
 use axum::body::Body;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use pin_project_lite::pin_project;
 use serde::Serialize;
+use tower::{Layer, Service};
 
 /// Media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -189,16 +194,22 @@ fn is_problem(response: &Response) -> bool {
         .is_some_and(|v| v.starts_with(PROBLEM_JSON))
 }
 
+/// True for a 4xx/5xx that is not problem+json yet.
+fn needs_rewrite(response: &Response) -> bool {
+    let status = response.status();
+    (status.is_client_error() || status.is_server_error()) && !is_problem(response)
+}
+
 /// Most bytes of a non-problem error body kept as the problem's detail.
 const MAX_DETAIL: usize = 1024;
 
-/// Middleware (for `axum::middleware::map_response`): rewrites every 4xx/5xx that is not yet
-/// problem+json into one, keeping a short plain-text body as the detail.
+/// Rewrites a 4xx/5xx that is not yet problem+json into one, keeping a short plain-text body as
+/// the detail (what [`ProblemJsonLayer`] does to every response that needs it).
 pub async fn ensure_problem_json(response: Response) -> Response {
-    let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) || is_problem(&response) {
+    if !needs_rewrite(&response) {
         return response;
     }
+    let status = response.status();
     let (parts, body) = response.into_parts();
     let detail = match axum::body::to_bytes(body, MAX_DETAIL).await {
         Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
@@ -224,6 +235,94 @@ pub async fn ensure_problem_json(response: Response) -> Response {
         }
     }
     rebuilt
+}
+
+/// The last-line middleware that makes every 4xx and 5xx problem+json ([`ensure_problem_json`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProblemJsonLayer;
+
+impl<S> Layer<S> for ProblemJsonLayer {
+    type Service = ProblemJson<S>;
+
+    fn layer(&self, inner: S) -> ProblemJson<S> {
+        ProblemJson { inner }
+    }
+}
+
+/// The service of [`ProblemJsonLayer`]. A response that needs no rewrite (every success, every
+/// problem already) passes through its future without an allocation; only a rewrite, which reads
+/// the body, runs in a boxed future. (`axum::middleware::map_response` boxes a future for every
+/// response: BENCHMARKS.md, issue 23's eleventh step.)
+#[derive(Debug, Clone)]
+pub struct ProblemJson<S> {
+    inner: S,
+}
+
+impl<S, R> Service<R> for ProblemJson<S>
+where
+    S: Service<R, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ProblemJsonFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        ProblemJsonFuture {
+            state: State::Inner {
+                inner: self.inner.call(request),
+            },
+        }
+    }
+}
+
+type Rewrite = Pin<Box<dyn Future<Output = Response> + Send>>;
+
+pin_project! {
+    /// The future of [`ProblemJson`].
+    pub struct ProblemJsonFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // The inner service's response, not there yet.
+        Inner { #[pin] inner: F },
+        // An error response being rewritten.
+        Rewriting { rewrite: Rewrite },
+    }
+}
+
+impl<F, E> Future for ProblemJsonFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Inner { inner } => {
+                    let response = ready!(inner.poll(cx))?;
+                    if !needs_rewrite(&response) {
+                        return Poll::Ready(Ok(response));
+                    }
+                    let rewrite = Box::pin(ensure_problem_json(response));
+                    state.set(State::Rewriting { rewrite });
+                }
+                StateProj::Rewriting { rewrite } => {
+                    return Poll::Ready(Ok(ready!(rewrite.as_mut().poll(cx))));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
