@@ -9,9 +9,10 @@
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, FromRequestParts, Path, State};
 use axum::http::header::{CONTENT_TYPE, LOCATION};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tracing::{error, info};
 
@@ -55,13 +56,28 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     response
 }
 
+/// The request's `Idempotency-Key`: the one the idempotency layer parsed, or without the layer
+/// (benchmark mode) the header's if it is valid. Read in place: axum's `HeaderMap` extractor
+/// would clone every header of every request for this rare fallback.
+pub struct RequestKey(Option<IdempotencyKey>);
+
+impl<S: Sync> FromRequestParts<S> for RequestKey {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(match parts.extensions.get::<IdempotencyKey>() {
+            Some(key) => Some(key.clone()),
+            None => key::from_headers(&parts.headers).ok(),
+        }))
+    }
+}
+
 /// `POST /payments`.
 pub async fn create_payment(
     State(state): State<PaymentsState>,
     Extension(account): Extension<Account>,
-    idempotency_key: Option<Extension<IdempotencyKey>>,
+    RequestKey(key): RequestKey,
     claim: Option<Extension<ClaimInfo>>,
-    headers: HeaderMap,
     body: Result<Json<CreatePayment>, JsonRejection>,
 ) -> Response {
     let request = match body {
@@ -76,10 +92,6 @@ pub async fn create_payment(
     // The provider key is derived from ours, so a re-run of this request (after a lost response, a
     // 5xx or a takeover) gets the original charge back. Without the layer (benchmark mode) the
     // header is still honoured if valid; a request without one is a one-off charge.
-    let key = match idempotency_key {
-        Some(Extension(key)) => Some(key),
-        None => key::from_headers(&headers).ok(),
-    };
     let provider_key = match &key {
         Some(key) => provider_key(account.as_str(), key.as_str()),
         None => provider_key(account.as_str(), &state.gateway.new_id("once_")),
