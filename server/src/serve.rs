@@ -44,6 +44,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
+use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -473,11 +474,10 @@ struct Clocked<S> {
 impl<S, B> tower::Service<axum::http::Request<B>> for Clocked<S>
 where
     S: tower::Service<axum::http::Request<B>>,
-    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Future = ClockedFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -486,12 +486,29 @@ where
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         self.clock.started();
         let answered = Answered(Arc::clone(&self.clock));
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            let response = response.await;
-            drop(answered);
-            response
-        })
+        ClockedFuture {
+            inner: self.inner.call(request),
+            _answered: answered,
+        }
+    }
+}
+
+pin_project! {
+    /// The response future of [`Clocked`]: the request counts as answered when it completes or
+    /// is dropped (its [`Answered`] goes with it). A named future rather than a boxed one per
+    /// request.
+    struct ClockedFuture<F> {
+        #[pin]
+        inner: F,
+        _answered: Answered,
+    }
+}
+
+impl<F: Future> Future for ClockedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().inner.poll(cx)
     }
 }
 

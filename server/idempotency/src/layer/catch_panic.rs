@@ -11,28 +11,32 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use pin_project_lite::pin_project;
+
 /// What a panic carried.
 pub(crate) type Panic = Box<dyn Any + Send + 'static>;
 
-/// Polls the wrapped future, catching a panic. After a panic it must not be polled again (the layer
-/// stops at the first `Ready`).
-pub(crate) struct CatchPanic<F> {
-    inner: Pin<Box<F>>,
+pin_project! {
+    /// Polls the wrapped future, catching a panic. After a panic it must not be polled again (the
+    /// layer stops at the first `Ready`). The future stays where it is (no box of its own): the
+    /// caller pins it, on its stack or in a box it moves.
+    pub(crate) struct CatchPanic<F> {
+        #[pin]
+        inner: F,
+    }
 }
 
 impl<F: Future> CatchPanic<F> {
     pub(crate) fn new(inner: F) -> Self {
-        Self {
-            inner: Box::pin(inner),
-        }
+        Self { inner }
     }
 }
 
 impl<F: Future> Future for CatchPanic<F> {
     type Output = Result<F::Output, Panic>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.inner.as_mut();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.project().inner;
         // Unwind safety: after a panic the wrapped future is never polled again, and the layer only
         // uses the claim token it kept outside the future, so no broken state is observed.
         match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {

@@ -20,8 +20,9 @@ pub(crate) struct FinishOnDrop<F>
 where
     F: Future + Send + 'static,
 {
-    /// `None` once the wrapped future finished or panicked: nothing is left to finish.
-    inner: Option<CatchPanic<F>>,
+    /// `None` once the wrapped future finished or panicked: nothing is left to finish. Boxed, so
+    /// that what is left can move to a task of its own.
+    inner: Option<Pin<Box<CatchPanic<F>>>>,
 }
 
 impl<F> FinishOnDrop<F>
@@ -30,7 +31,7 @@ where
 {
     pub(crate) fn new(inner: F) -> Self {
         Self {
-            inner: Some(CatchPanic::new(inner)),
+            inner: Some(Box::pin(CatchPanic::new(inner))),
         }
     }
 }
@@ -46,7 +47,7 @@ where
         let Some(inner) = this.inner.as_mut() else {
             panic!("FinishOnDrop polled after it completed");
         };
-        let polled = Pin::new(inner).poll(cx);
+        let polled = inner.as_mut().poll(cx);
         if polled.is_ready() {
             // Finished or panicked: a future that panicked is never polled or spawned again.
             this.inner = None;

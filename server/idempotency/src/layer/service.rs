@@ -459,10 +459,10 @@ where
         }
     };
 
-    let mut handler = CatchPanic::new(inner.oneshot(request));
+    let mut handler = std::pin::pin!(CatchPanic::new(inner.oneshot(request)));
     // A handler that finishes on its first poll needs no lease renewal: arm the timer only for one
     // that has to wait (a per-request timer is a measurable share of the layer's cost).
-    let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut handler).poll(cx))).await;
+    let first = std::future::poll_fn(|cx| Poll::Ready(handler.as_mut().poll(cx))).await;
     let joined = match first {
         Poll::Ready(joined) => joined,
         Poll::Pending => {
