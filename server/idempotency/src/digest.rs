@@ -92,7 +92,8 @@ pub(crate) fn request_digest_with_media(
     body: &[u8],
     json: Option<&JsonBody>,
 ) -> Bytes {
-    let mut out = Vec::with_capacity(64);
+    // Room for the five short digests and a few members without growing.
+    let mut out = Vec::with_capacity(128);
     out.push(VERSION);
     out.extend_from_slice(&short(b"method", &[method.as_str().as_bytes()]));
     out.extend_from_slice(&short(b"path", &[path.as_bytes()]));
@@ -110,19 +111,24 @@ pub(crate) fn request_digest_with_media(
         return out.into();
     };
     out.extend_from_slice(&short(b"body", &[b"J", &json.canonical]));
-    let mut leaves = Vec::new();
-    let mut budget = Budget::default();
-    if collect(&json.value, &mut String::new(), &mut leaves, &mut budget).is_none() {
+    // The leaves go straight into `out` after a count patched in at the end; past a bound, the
+    // members are cut back off and the digest says so instead.
+    let members_at = out.len();
+    out.push(MEMBERS);
+    out.extend_from_slice(&[0, 0]);
+    let mut leaves = Leaves {
+        out: &mut out,
+        count: 0,
+        budget: Budget::default(),
+        canonical: Vec::with_capacity(32),
+    };
+    if leaves.collect(&json.value, &mut String::new()).is_none() {
+        out.truncate(members_at);
         out.push(TOO_BIG);
         return out.into();
     }
-    out.push(MEMBERS);
-    out.extend_from_slice(&(leaves.len() as u16).to_le_bytes());
-    for (pointer, digest) in leaves {
-        out.extend_from_slice(&(pointer.len() as u16).to_le_bytes());
-        out.extend_from_slice(pointer.as_bytes());
-        out.extend_from_slice(&digest);
-    }
+    let count = leaves.count as u16;
+    out[members_at + 1..members_at + 3].copy_from_slice(&count.to_le_bytes());
     out.into()
 }
 
@@ -132,47 +138,58 @@ struct Budget {
     pointer_bytes: usize,
 }
 
-/// Adds the leaves under `value` (at `pointer`); `None` once a bound is passed.
-fn collect(
-    value: &Value,
-    pointer: &mut String,
-    leaves: &mut Vec<(String, [u8; 8])>,
-    budget: &mut Budget,
-) -> Option<()> {
-    match value {
-        Value::Object(map) if !map.is_empty() => {
-            for (name, child) in map {
-                let len = pointer.len();
-                pointer.push('/');
-                push_token(pointer, name);
-                collect(child, pointer, leaves, budget)?;
-                pointer.truncate(len);
+/// The member list of a digest being written: each leaf as its pointer's length, the pointer and
+/// the leaf's short digest, appended to `out` in document order.
+struct Leaves<'a> {
+    out: &'a mut Vec<u8>,
+    count: usize,
+    budget: Budget,
+    /// The leaf's canonical form, one buffer reused for every leaf.
+    canonical: Vec<u8>,
+}
+
+impl Leaves<'_> {
+    /// Adds the leaves under `value` (at `pointer`); `None` once a bound is passed.
+    fn collect(&mut self, value: &Value, pointer: &mut String) -> Option<()> {
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                for (name, child) in map {
+                    let len = pointer.len();
+                    pointer.push('/');
+                    push_token(pointer, name);
+                    self.collect(child, pointer)?;
+                    pointer.truncate(len);
+                }
+            }
+            Value::Array(items) if !items.is_empty() => {
+                for (i, child) in items.iter().enumerate() {
+                    let len = pointer.len();
+                    // Writing to a `String` cannot fail.
+                    let _ = write!(pointer, "/{i}");
+                    self.collect(child, pointer)?;
+                    pointer.truncate(len);
+                }
+            }
+            leaf => {
+                self.budget.members += 1;
+                self.budget.pointer_bytes += pointer.len();
+                if self.budget.members > MAX_MEMBERS
+                    || self.budget.pointer_bytes > MAX_POINTER_BYTES
+                {
+                    return None;
+                }
+                self.canonical.clear();
+                fingerprint::canonical_json(leaf, &mut self.canonical);
+                self.out
+                    .extend_from_slice(&(pointer.len() as u16).to_le_bytes());
+                self.out.extend_from_slice(pointer.as_bytes());
+                self.out
+                    .extend_from_slice(&short(b"member", &[pointer.as_bytes(), &self.canonical]));
+                self.count += 1;
             }
         }
-        Value::Array(items) if !items.is_empty() => {
-            for (i, child) in items.iter().enumerate() {
-                let len = pointer.len();
-                // Writing to a `String` cannot fail.
-                let _ = write!(pointer, "/{i}");
-                collect(child, pointer, leaves, budget)?;
-                pointer.truncate(len);
-            }
-        }
-        leaf => {
-            budget.members += 1;
-            budget.pointer_bytes += pointer.len();
-            if budget.members > MAX_MEMBERS || budget.pointer_bytes > MAX_POINTER_BYTES {
-                return None;
-            }
-            let mut canonical = Vec::with_capacity(32);
-            fingerprint::canonical_json(leaf, &mut canonical);
-            leaves.push((
-                pointer.clone(),
-                short(b"member", &[pointer.as_bytes(), &canonical]),
-            ));
-        }
+        Some(())
     }
-    Some(())
 }
 
 /// Appends a member name as a JSON Pointer token (RFC 6901): `~` as `~0`, `/` as `~1`, written
@@ -396,6 +413,24 @@ mod tests {
         assert_eq!(
             hex,
             "011c571547a83088a80298785910de2316ae5209c6015eda700432c4ab2dfef1b94ae2d9f61181a69501060007002f616d6f756e7410777176b6026e4709002f63757272656e6379a92ad7d277fc78cf0f002f6974656d732f302f6d7e317e306e791926885c0284910c002f6974656d732f302f736b75f7696bc135466b3708002f6974656d732f313675f769d17ab02d08002f6974656d732f322dae8ad0d41e9be0"
+        );
+    }
+
+    #[test]
+    fn the_digest_of_a_body_past_the_member_bound_keeps_its_bytes() {
+        // The members are written as they are found and cut back off past the bound: what is
+        // left must be the digest the code before that produced (no list, the too-big mark).
+        let big: String = format!(
+            "{{{}}}",
+            (0..=MAX_MEMBERS)
+                .map(|i| format!("\"m{i}\":{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let hex: String = d(&big).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "011c571547a83088a80298785910de2316ae5209c6015eda700432c4ab2dfef1b9f724a2d5136955a702"
         );
     }
 }
