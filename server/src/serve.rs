@@ -488,19 +488,19 @@ where
         let answered = Answered(Arc::clone(&self.clock));
         ClockedFuture {
             inner: self.inner.call(request),
-            _answered: answered,
+            answered: Some(answered),
         }
     }
 }
 
 pin_project! {
-    /// The response future of [`Clocked`]: the request counts as answered when it completes or
-    /// is dropped (its [`Answered`] goes with it). A named future rather than a boxed one per
-    /// request.
+    /// The response future of [`Clocked`]: the request counts as answered when its response is
+    /// ready, or when the future is dropped before (its [`Answered`] goes with it). A named future
+    /// rather than a boxed one per request.
     struct ClockedFuture<F> {
         #[pin]
         inner: F,
-        _answered: Answered,
+        answered: Option<Answered>,
     }
 }
 
@@ -508,7 +508,10 @@ impl<F: Future> Future for ClockedFuture<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        self.project().inner.poll(cx)
+        let this = self.project();
+        let output = std::task::ready!(this.inner.poll(cx));
+        this.answered.take();
+        Poll::Ready(output)
     }
 }
 
