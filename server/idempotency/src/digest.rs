@@ -387,16 +387,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn non_json_bodies_are_whole_and_big_ones_have_no_list() {
-        assert_eq!(diff("not json", "{}"), Some(vec![String::new()]));
-        let big: String = format!(
+    /// A JSON object with one member more than a digest lists.
+    fn past_the_member_bound() -> String {
+        format!(
             "{{{}}}",
             (0..=MAX_MEMBERS)
                 .map(|i| format!("\"m{i}\":{i}"))
                 .collect::<Vec<_>>()
                 .join(",")
-        );
+        )
+    }
+
+    #[test]
+    fn non_json_bodies_are_whole_and_big_ones_have_no_list() {
+        assert_eq!(diff("not json", "{}"), Some(vec![String::new()]));
+        let big = past_the_member_bound();
         assert_eq!(diff(&big, r#"{"m0":1}"#), None);
         assert_eq!(diff(&big, &big), Some(vec![]));
         assert_eq!(differing_fields(b"", &d("{}")), None);
@@ -420,13 +425,7 @@ mod tests {
     fn the_digest_of_a_body_past_the_member_bound_keeps_its_bytes() {
         // The members are written as they are found and cut back off past the bound: what is
         // left must be the digest the code before that produced (no list, the too-big mark).
-        let big: String = format!(
-            "{{{}}}",
-            (0..=MAX_MEMBERS)
-                .map(|i| format!("\"m{i}\":{i}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
+        let big = past_the_member_bound();
         let hex: String = d(&big).iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(
             hex,
