@@ -64,44 +64,40 @@ fn a_rejected_payment_writes_an_info_line_with_its_status_and_reason() {
     });
 }
 
-#[test]
-fn a_client_text_echoed_in_a_rejection_cannot_start_a_log_line_of_its_own() {
-    let dir = TempDir::new("logging-forged");
-    let server = Server::start(dir.path(), &["--gateway-latency", "0ms"]);
-    let forged = "2026-01-01T00:00:00.000000Z  INFO forged: payment created";
-    let body = format!(r#"{{"amount": 1.00, "currency": "BRL", "x\n{forged}": 1}}"#);
-    let reply = server.pay(KEY_A, "order-forged", &body);
-    assert_eq!(reply.status / 100, 4, "{reply:?}");
+/// A log line a client tries to start with a line break in text of its own.
+const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO forged: payment created";
+
+/// Waits for the line naming `marker` (the rejection), then checks that no line starts with
+/// [`FORGED`].
+fn assert_no_forged_line(server: &Server, marker: &str) {
     wait_until(Duration::from_secs(10), "the rejection's log line", || {
-        server.logs().iter().any(|l| l.contains("payment rejected"))
+        server.logs().iter().any(|l| l.contains(marker))
     });
     let logs = server.logs();
     assert!(
-        !logs.iter().any(|l| l.starts_with(forged)),
+        !logs.iter().any(|l| l.starts_with(FORGED)),
         "a line starts with the client's text:\n{}",
         logs.join("\n")
     );
 }
 
 #[test]
+fn a_client_text_echoed_in_a_rejection_cannot_start_a_log_line_of_its_own() {
+    let dir = TempDir::new("logging-forged");
+    let server = Server::start(dir.path(), &["--gateway-latency", "0ms"]);
+    let body = format!(r#"{{"amount": 1.00, "currency": "BRL", "x\n{FORGED}": 1}}"#);
+    let reply = server.pay(KEY_A, "order-forged", &body);
+    assert_eq!(reply.status / 100, 4, "{reply:?}");
+    assert_no_forged_line(&server, "payment rejected");
+}
+
+#[test]
 fn a_repeated_member_name_cannot_start_a_log_line_of_its_own() {
     let dir = TempDir::new("logging-forged-member");
     let server = Server::start(dir.path(), &["--gateway-latency", "0ms"]);
-    let forged = "2026-01-01T00:00:00.000000Z  INFO forged: payment created";
     let body =
-        format!(r#"{{"amount": 1.00, "currency": "BRL", "x\n{forged}": 1, "x\n{forged}": 2}}"#);
+        format!(r#"{{"amount": 1.00, "currency": "BRL", "x\n{FORGED}": 1, "x\n{FORGED}": 2}}"#);
     let reply = server.pay(KEY_A, "order-forged-member", &body);
     assert_eq!(reply.status, 400, "{reply:?}");
-    wait_until(Duration::from_secs(10), "the rejection's log line", || {
-        server
-            .logs()
-            .iter()
-            .any(|l| l.contains("repeats a member name"))
-    });
-    let logs = server.logs();
-    assert!(
-        !logs.iter().any(|l| l.starts_with(forged)),
-        "a line starts with the client's text:\n{}",
-        logs.join("\n")
-    );
+    assert_no_forged_line(&server, "repeats a member name");
 }

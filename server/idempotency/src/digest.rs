@@ -118,7 +118,6 @@ pub(crate) fn request_digest_with_media(
     out.extend_from_slice(&[0, 0]);
     let mut leaves = Leaves {
         out: &mut out,
-        count: 0,
         budget: Budget::default(),
         canonical: Vec::with_capacity(32),
     };
@@ -127,7 +126,8 @@ pub(crate) fn request_digest_with_media(
         out.push(TOO_BIG);
         return out.into();
     }
-    let count = leaves.count as u16;
+    // Every leaf counted in the budget was written (past the bound nothing is kept).
+    let count = leaves.budget.members as u16;
     out[members_at + 1..members_at + 3].copy_from_slice(&count.to_le_bytes());
     out.into()
 }
@@ -142,7 +142,7 @@ struct Budget {
 /// the leaf's short digest, appended to `out` in document order.
 struct Leaves<'a> {
     out: &'a mut Vec<u8>,
-    count: usize,
+    /// Leaves written so far (`members`) and their pointers' bytes.
     budget: Budget,
     /// The leaf's canonical form, one buffer reused for every leaf.
     canonical: Vec<u8>,
@@ -185,7 +185,6 @@ impl Leaves<'_> {
                 self.out.extend_from_slice(pointer.as_bytes());
                 self.out
                     .extend_from_slice(&short(b"member", &[pointer.as_bytes(), &self.canonical]));
-                self.count += 1;
             }
         }
         Some(())
