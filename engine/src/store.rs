@@ -20,7 +20,7 @@ use crate::clock::duration_ms;
 use crate::dir_lock;
 use crate::error::{Corruption, Error, Result};
 use crate::index::{
-    self, Entry, Sharded, SideEntry, SideKey, fp_prefix, record_key, side_key, split_record_key,
+    self, Entry, Sharded, SideEntry, fp_prefix, record_key, side_key, split_record_key,
 };
 use crate::limits;
 use crate::log::flusher::Flusher;
@@ -579,16 +579,19 @@ impl Store {
             head: head_of(token, &held),
             response: Response::Value(response),
         });
-        let side_keys = core.side_ids(side);
+        let side_hashes = core.side_hashes(side);
         ops.extend(side.iter().map(|w| side_op(w, now)));
-        let mut side_map = side_keys
+        let mut side_map = side_hashes
             .first()
-            .map(|(_, hash)| core.side.shard(*hash).lock());
+            .map(|hash| core.side.shard(*hash).lock());
         let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
         index::apply_record(&mut map, hash, &token.id, &ops[0], locs[0], 0);
         if let Some(side_map) = side_map.as_mut() {
-            for ((op, loc), (id, hash)) in ops[1..].iter().zip(&locs[1..]).zip(&side_keys) {
+            let applied = ops[1..].iter().zip(&locs[1..]);
+            for ((op, loc), (write, hash)) in applied.zip(side.iter().zip(&side_hashes)) {
+                let (namespace, key) = write.namespace_and_key();
+                let id = side_key(namespace, key);
                 index::apply_side(side_map, *hash, id.as_bytes(), op, *loc);
             }
         }
@@ -734,12 +737,14 @@ impl Store {
         }
         let now = self.now();
         let ops: Vec<Op<'_>> = writes.iter().map(|w| side_op(w, now)).collect();
-        let keys = core.side_ids(writes);
+        let hashes = core.side_hashes(writes);
         // Side records live in one shard (see `Core::side`): any key's hash finds it.
-        let mut map = core.side.shard(keys[0].1).lock();
+        let mut map = core.side.shard(hashes[0]).lock();
         let mut locs = vec![Loc::default(); ops.len()];
         let appended = core.writer.append(&ops, &mut locs)?;
-        for ((op, loc), (id, hash)) in ops.iter().zip(&locs).zip(&keys) {
+        for ((op, loc), (write, hash)) in ops.iter().zip(&locs).zip(writes.iter().zip(&hashes)) {
+            let (namespace, key) = write.namespace_and_key();
+            let id = side_key(namespace, key);
             index::apply_side(&mut map, *hash, id.as_bytes(), op, *loc);
         }
         drop(map);
@@ -1057,15 +1062,16 @@ fn digest_of(owner: &Bytes, head: &Head<'_>) -> Option<Bytes> {
 }
 
 impl Core {
-    /// Each side write's index id and its hash.
-    fn side_ids(&self, writes: &[SideWrite]) -> Vec<(SideKey, u64)> {
+    /// The index hash of each side write's key. Only the hashes are kept (the shard lock is taken
+    /// before the writes are applied); each key is built again where it is applied: a
+    /// [`SideKey`](crate::index::SideKey) is sized for the longest key (1.3 KB), and collecting
+    /// them moved that much per write.
+    fn side_hashes(&self, writes: &[SideWrite]) -> Vec<u64> {
         writes
             .iter()
             .map(|w| {
                 let (namespace, key) = w.namespace_and_key();
-                let id = side_key(namespace, key);
-                let hash = self.side.hash(id.as_bytes());
-                (id, hash)
+                self.side.hash(side_key(namespace, key).as_bytes())
             })
             .collect()
     }
