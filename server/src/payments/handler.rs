@@ -48,6 +48,9 @@ fn invalid(status: StatusCode, detail: impl Into<String>) -> Response {
     Problem::new(status, slug, title, detail).into_response()
 }
 
+/// Where a payment is read back (`Location` of a created one): this prefix and its id.
+const PAYMENTS_PATH: &str = "/payments/";
+
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     let mut response = (status, body).into_response();
     response
@@ -154,7 +157,7 @@ pub async fn create_payment(
         }
     };
     let mut response = json_response(StatusCode::CREATED, public);
-    if let Ok(location) = HeaderValue::from_str(&format!("/payments/{}", record.id)) {
+    if let Ok(location) = HeaderValue::try_from([PAYMENTS_PATH, record.id.as_str()].concat()) {
         response.headers_mut().insert(LOCATION, location);
     }
     response

@@ -97,9 +97,20 @@ pub fn amount_to_minor(amount: &Number) -> Result<i64, String> {
 
 /// Minor units written as a decimal with two places: `10000` → `100.00`.
 pub fn format_minor(minor: i64) -> String {
-    let sign = if minor < 0 { "-" } else { "" };
+    // Built by hand rather than with `format!`: this runs for every payment answered.
     let abs = minor.unsigned_abs();
-    format!("{sign}{}.{:02}", abs / 100, abs % 100)
+    let mut units = itoa::Buffer::new();
+    let units = units.format(abs / 100);
+    let cents = abs % 100;
+    let mut out = String::with_capacity(units.len() + 4);
+    if minor < 0 {
+        out.push('-');
+    }
+    out.push_str(units);
+    out.push('.');
+    out.push(char::from(b'0' + (cents / 10) as u8));
+    out.push(char::from(b'0' + (cents % 10) as u8));
+    out
 }
 
 /// A payment as stored (side record `payments/{id}`).
@@ -160,6 +171,16 @@ mod tests {
 
     fn minor(json: &str) -> Result<i64, String> {
         amount_to_minor(&serde_json::from_str(json).expect("number"))
+    }
+
+    #[test]
+    fn minor_units_are_written_with_two_decimal_places_and_their_sign() {
+        assert_eq!(format_minor(10_000), "100.00");
+        assert_eq!(format_minor(1), "0.01");
+        assert_eq!(format_minor(0), "0.00");
+        assert_eq!(format_minor(-1_999), "-19.99");
+        assert_eq!(format_minor(i64::MIN), "-92233720368547758.08");
+        assert_eq!(format_minor(i64::MAX), "92233720368547758.07");
     }
 
     #[test]

@@ -37,8 +37,21 @@ pub const CHARGES_COUNTER: &str = "charges_total";
 /// one provider key, and the second tenant was handed the first tenant's charge. The parts stay
 /// readable in logs.
 pub fn provider_key(scope: &str, key: &str) -> String {
-    format!("charge:{}:{scope}:{key}", scope.len())
+    // Built by hand rather than with `format!`, which costs several times as much on every payment.
+    let mut len = itoa::Buffer::new();
+    let len = len.format(scope.len());
+    let mut out =
+        String::with_capacity(PROVIDER_KEY_PREFIX.len() + len.len() + scope.len() + key.len() + 2);
+    out.push_str(PROVIDER_KEY_PREFIX);
+    out.push_str(len);
+    out.push(':');
+    out.push_str(scope);
+    out.push(':');
+    out.push_str(key);
+    out
 }
+
+const PROVIDER_KEY_PREFIX: &str = "charge:";
 
 /// How the fake provider behaves.
 #[derive(Clone)]
@@ -240,6 +253,14 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn provider_keys_are_the_scope_length_scope_and_key(scope in "\\PC{0,40}", key in "\\PC{0,40}") {
+            proptest::prop_assert_eq!(
+                provider_key(&scope, &key),
+                format!("charge:{}:{scope}:{key}", scope.len())
+            );
+        }
+
         #[test]
         fn provider_keys_are_injective(
             a in "[a-z:]{1,6}", b in "[a-z:]{1,6}", c in "[a-z:]{1,6}", d in "[a-z:]{1,6}"

@@ -373,7 +373,7 @@ impl IdempotencyStore for EmbeddedBackend {
                 SideWrite::put(
                     COUNTERS_NAMESPACE,
                     counter_key(counter, stripe),
-                    next.to_string(),
+                    itoa::Buffer::new().format(next).to_owned(),
                 ),
             ])?;
             *count = next;
