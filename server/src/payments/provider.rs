@@ -37,21 +37,10 @@ pub const CHARGES_COUNTER: &str = "charges_total";
 /// one provider key, and the second tenant was handed the first tenant's charge. The parts stay
 /// readable in logs.
 pub fn provider_key(scope: &str, key: &str) -> String {
-    // Built by hand rather than with `format!`, which costs several times as much on every payment.
+    // Joined rather than `format!`ed, which costs several times as much on every payment.
     let mut len = itoa::Buffer::new();
-    let len = len.format(scope.len());
-    let mut out =
-        String::with_capacity(PROVIDER_KEY_PREFIX.len() + len.len() + scope.len() + key.len() + 2);
-    out.push_str(PROVIDER_KEY_PREFIX);
-    out.push_str(len);
-    out.push(':');
-    out.push_str(scope);
-    out.push(':');
-    out.push_str(key);
-    out
+    ["charge:", len.format(scope.len()), ":", scope, ":", key].concat()
 }
-
-const PROVIDER_KEY_PREFIX: &str = "charge:";
 
 /// How the fake provider behaves.
 #[derive(Clone)]
