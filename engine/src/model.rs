@@ -754,10 +754,20 @@ impl Simulation {
             return Ok(());
         }
         let store = self.store().clone();
+        // Everything durable first: a racing claim of a record not durable yet would wait for a
+        // flush before it appends, and the rotation's first phase, held in the hook below until
+        // the claim appends, keeps that flush from happening; the two would wait on each other
+        // until the hook's deadline (30 s: a fuzz input found it).
+        if let Err(e) = store.sync() {
+            return self.failed("sync before the rotation race", e, None);
+        }
+        self.acknowledged();
         let racer: Arc<parking_lot::Mutex<Option<Claimed>>> = Arc::default();
         let fired = Arc::new(AtomicBool::new(false));
+        let hung = Arc::new(AtomicBool::new(false));
         let (hook_store, hook_fs) = (store.clone(), self.fs.clone());
         let (hook_racer, hook_fired) = (Arc::clone(&racer), Arc::clone(&fired));
+        let hook_hung = Arc::clone(&hung);
         self.fs.on_next(FaultOp::Create, ".seg", move || {
             hook_fired.store(true, Ordering::SeqCst);
             // The rotation is in its first phase, writer unlocked: the racing claim appends to the
@@ -780,7 +790,11 @@ impl Simulation {
                 if frames.load(Ordering::SeqCst) > before {
                     break true;
                 }
-                if handle.is_finished() || std::time::Instant::now() > deadline {
+                if handle.is_finished() {
+                    break false;
+                }
+                if std::time::Instant::now() > deadline {
+                    hook_hung.store(true, Ordering::SeqCst);
                     break false;
                 }
                 std::thread::yield_now();
@@ -810,6 +824,11 @@ impl Simulation {
                 .join()
                 .map_err(|_| "racing claim panicked".to_owned())?;
             self.claimed(scope, key, fp, ttl_s, result)?;
+        }
+        if hung.load(Ordering::SeqCst) {
+            return Err(
+                "the racing claim neither appended nor returned while the rotation waited".into(),
+            );
         }
         match filled {
             Err(e) if e.is_poisoned() => {
