@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sysc.sh BIN MODE LUA -> syscalls per request by type
+# syscalls_per_request.sh BIN MODE LUA -> system calls per request by type (perf stat on the server under wrk -t2 -c64)
 # The request count comes from idempotency_requests_total read just before and after perf stat, so its
 # window is a little longer than perf's 4 s: the per-request figures read slightly low (0.87-0.89 for
 # what is one recvfrom and one writev per request).
