@@ -18,7 +18,8 @@
 //! through them, and the store applies every operation it appends through them too, so the state after
 //! a restart is the state before it by construction.
 //!
-//! Lock order: a record shard, then the side table, then the log writer.
+//! Lock order: a record shard, then side shards in ascending shard order ([`Sharded::lock_shards`]),
+//! then the log writer.
 
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU64;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::log::op::Op;
 use crate::log::segment::Loc;
@@ -460,9 +461,29 @@ impl<V: Tally> Sharded<V> {
     }
 
     pub(crate) fn shard(&self, hash: u64) -> &Mutex<Table<V>> {
+        &self.shards[self.shard_index(hash)]
+    }
+
+    fn shard_index(&self, hash: u64) -> usize {
         // The table inside uses the low 32 bits; the shard comes from the high ones.
-        let index = (hash >> 32) as usize & (self.shards.len() - 1);
-        &self.shards[index]
+        (hash >> 32) as usize & (self.shards.len() - 1)
+    }
+
+    /// Locks the shards holding the keys of `hashes`, each once, in ascending shard order: every
+    /// caller that holds more than one shard of a map at a time takes them this way, so no two can
+    /// wait on each other. A write to several keys applies under all of their locks at once, so no
+    /// reader sees it half applied.
+    pub(crate) fn lock_shards(&self, hashes: &[u64]) -> LockedShards<'_, V> {
+        let mut indices: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        LockedShards {
+            guards: indices
+                .into_iter()
+                .map(|index| (index, self.shards[index].lock()))
+                .collect(),
+            sharded: self,
+        }
     }
 
     pub(crate) fn shards(&self) -> &[Mutex<Table<V>>] {
@@ -524,6 +545,27 @@ impl<V: Tally> Sharded<V> {
                 };
                 slots.iter().flatten().for_each(|(_, v)| f(v));
             }
+        }
+    }
+}
+
+/// Shards of one [`Sharded`] map held together ([`Sharded::lock_shards`]); dropping it unlocks them.
+pub(crate) struct LockedShards<'a, V> {
+    /// One guard per distinct shard, sorted by shard index.
+    guards: Vec<(usize, MutexGuard<'a, Table<V>>)>,
+    sharded: &'a Sharded<V>,
+}
+
+impl<V: Tally> LockedShards<'_, V> {
+    /// The locked table that holds the key of `hash`.
+    ///
+    /// # Panics
+    /// If `hash` was not among those the shards were locked for: a caller's bug, never input's.
+    pub(crate) fn table(&mut self, hash: u64) -> &mut Table<V> {
+        let index = self.sharded.shard_index(hash);
+        match self.guards.binary_search_by_key(&index, |(i, _)| *i) {
+            Ok(at) => &mut self.guards[at].1,
+            Err(_) => panic!("shard {index} was not locked for this hash"),
         }
     }
 }
@@ -725,6 +767,46 @@ mod tests {
 
     fn chunk_counts(map: &Sharded<u64>) -> Vec<usize> {
         map.shards().iter().map(|s| s.lock().chunks.len()).collect()
+    }
+
+    /// A hash whose shard (in a map of 8) is `shard`.
+    fn in_shard(shard: u64, low: u64) -> u64 {
+        shard << 32 | low
+    }
+
+    #[test]
+    fn lock_shards_takes_each_shard_once_in_ascending_order() {
+        let map: Sharded<u64> = Sharded::new(8);
+        let hashes = [
+            in_shard(5, 1),
+            in_shard(2, 2),
+            in_shard(5, 3),
+            in_shard(0, 4),
+        ];
+        let mut locked = map.lock_shards(&hashes);
+        let order: Vec<usize> = locked.guards.iter().map(|(i, _)| *i).collect();
+        assert_eq!(order, [0, 2, 5]);
+        for (i, shard) in map.shards().iter().enumerate() {
+            assert_eq!(shard.try_lock().is_none(), order.contains(&i), "shard {i}");
+        }
+        for (n, &hash) in hashes.iter().enumerate() {
+            locked.table(hash).insert(hash, &[n as u8], n as u64);
+        }
+        drop(locked);
+        for (n, &hash) in hashes.iter().enumerate() {
+            assert_eq!(
+                map.shard(hash).lock().get(hash, &[n as u8]),
+                Some(&(n as u64))
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "was not locked")]
+    fn a_hash_outside_the_locked_shards_is_a_bug() {
+        let map: Sharded<u64> = Sharded::new(8);
+        let mut locked = map.lock_shards(&[in_shard(1, 0)]);
+        locked.table(in_shard(2, 0));
     }
 
     #[test]
