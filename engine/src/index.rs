@@ -474,14 +474,27 @@ impl<V: Tally> Sharded<V> {
     /// wait on each other. A write to several keys applies under all of their locks at once, so no
     /// reader sees it half applied.
     pub(crate) fn lock_shards(&self, hashes: &[u64]) -> LockedShards<'_, V> {
-        let mut indices: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
+        // Writes name a few keys: their shard numbers are sorted on the stack, not in a `Vec`.
+        let mut small = [0usize; 8];
+        let mut large = Vec::new();
+        let indices = if hashes.len() <= small.len() {
+            &mut small[..hashes.len()]
+        } else {
+            large.resize(hashes.len(), 0);
+            &mut large[..]
+        };
+        for (index, &hash) in indices.iter_mut().zip(hashes) {
+            *index = self.shard_index(hash);
+        }
         indices.sort_unstable();
-        indices.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Table<V>>)> = Vec::with_capacity(indices.len());
+        for &index in indices.iter() {
+            if guards.last().is_none_or(|(last, _)| *last != index) {
+                guards.push((index, self.shards[index].lock()));
+            }
+        }
         LockedShards {
-            guards: indices
-                .into_iter()
-                .map(|index| (index, self.shards[index].lock()))
-                .collect(),
+            guards,
             sharded: self,
         }
     }
@@ -799,6 +812,15 @@ mod tests {
                 Some(&(n as u64))
             );
         }
+    }
+
+    #[test]
+    fn lock_shards_handles_more_keys_than_its_stack_buffer() {
+        let map: Sharded<u64> = Sharded::new(8);
+        let hashes: Vec<u64> = (0..12).map(|n| in_shard(7 - n % 8, n)).collect();
+        let locked = map.lock_shards(&hashes);
+        let order: Vec<usize> = locked.guards.iter().map(|(i, _)| *i).collect();
+        assert_eq!(order, (0..8).collect::<Vec<_>>());
     }
 
     #[test]
