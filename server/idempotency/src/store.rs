@@ -268,7 +268,7 @@ impl HistogramMetric {
 }
 
 /// Why a store call failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The token no longer holds its key (taken over after its lease ran out, released, completed
     /// or expired); nothing was written.

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use idemlog::{MAX_HEADER_NAME, MAX_HEADER_VALUE, MAX_HEADERS, MAX_KEY, MAX_SCOPE, MAX_VALUE};
 pub(super) use idemlog::{MAX_NAMESPACE, MAX_SIDE_KEY};
 
+use super::batch::finish::{Put, Removal};
 use super::error::Fail;
-use super::sql::{COMPLETED, IN_PROGRESS};
-use crate::store::{Claim, Expiry, HeldClaim, RecordWrite, StoreError, StoredResponse, Takeover};
+use crate::store::{Expiry, HeldClaim, RecordWrite, StoreError, StoredResponse};
 
 pub(super) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -159,16 +159,8 @@ pub(super) fn expiry_params(expiry: Expiry) -> (Option<i64>, Option<i64>) {
 
 impl<'a> WriteArrays<'a> {
     pub(super) fn new(writes: &'a [RecordWrite]) -> Result<Self, StoreError> {
-        let mut last: HashMap<(&str, &str), usize> = HashMap::with_capacity(writes.len());
-        for (i, w) in writes.iter().enumerate() {
-            check_write(w)?;
-            last.insert((w.namespace, w.key.as_str()), i);
-        }
         let mut a = WriteArrays::default();
-        for (i, w) in writes.iter().enumerate() {
-            if last[&(w.namespace, w.key.as_str())] != i {
-                continue;
-            }
+        for w in last_writes(writes)? {
             match &w.value {
                 Some(v) => {
                     let (after, at) = expiry_params(w.expiry);
@@ -188,79 +180,57 @@ impl<'a> WriteArrays<'a> {
     }
 }
 
+/// Longest request digest stored with a key (the engine's limit).
+pub(super) const MAX_REQUEST_DIGEST: usize = idemlog::MAX_REQUEST_DIGEST;
+
+/// A completion's record writes, checked and owned for its queued job: the puts, and the
+/// removals; the last write to a `(namespace, key)` wins.
+pub(super) fn owned_writes(writes: &[RecordWrite]) -> Result<(Vec<Put>, Vec<Removal>), StoreError> {
+    let mut puts = Vec::with_capacity(writes.len());
+    let mut removals = Vec::new();
+    for w in last_writes(writes)? {
+        match &w.value {
+            Some(value) => {
+                let (after_ms, at_ms) = expiry_params(w.expiry);
+                puts.push(Put {
+                    namespace: w.namespace,
+                    key: w.key.clone(),
+                    value: value.clone(),
+                    after_ms,
+                    at_ms,
+                });
+            }
+            None => removals.push((w.namespace, w.key.clone())),
+        }
+    }
+    Ok((puts, removals))
+}
+
+/// The writes that count, checked: of several to one `(namespace, key)`, the last.
+fn last_writes(writes: &[RecordWrite]) -> Result<Vec<&RecordWrite>, StoreError> {
+    if let [only] = writes {
+        check_write(only)?;
+        return Ok(vec![only]);
+    }
+    let mut last: HashMap<(&str, &str), usize> = HashMap::with_capacity(writes.len());
+    for (i, w) in writes.iter().enumerate() {
+        check_write(w)?;
+        last.insert((w.namespace, w.key.as_str()), i);
+    }
+    Ok(writes
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| last[&(w.namespace, w.key.as_str())] == *i)
+        .map(|(_, w)| w)
+        .collect())
+}
+
 pub(super) fn lease_lost(token: &HeldClaim) -> Fail {
     Fail::Store(StoreError::LeaseLost {
         scope: token.scope.clone(),
         key: token.key.clone(),
         fence: token.fence,
     })
-}
-
-/// Longest request digest stored with a key (the engine's limit).
-pub(super) const MAX_REQUEST_DIGEST: usize = idemlog::MAX_REQUEST_DIGEST;
-
-/// What a row of the claim statement says.
-pub(super) fn claim_outcome(
-    row: &tokio_postgres::Row,
-    scope: &str,
-    key: &str,
-) -> Result<Claim, Fail> {
-    if row.try_get::<_, bool>("quota_full")? {
-        let wait = row
-            .try_get::<_, Option<i64>>("next_expiry_ms")?
-            .unwrap_or(1000);
-        return Ok(Claim::QuotaExceeded {
-            retry_after: Duration::from_millis(wait.max(1) as u64),
-        });
-    }
-    let fence: i64 = row.try_get("fence")?;
-    let expires_ms: i64 = row.try_get("expires_ms")?;
-    if row.try_get::<_, bool>("acquired")? {
-        let takeover = match row.try_get::<_, Option<i16>>("takeover")? {
-            Some(1) => Some(Takeover::Expired),
-            Some(2) => Some(Takeover::LeaseExpired),
-            _ => None,
-        };
-        return Ok(Claim::Acquired(HeldClaim {
-            scope: scope.to_string(),
-            key: key.to_string(),
-            fence: fence as u64,
-            takeover,
-            expires_at_ms: expires_ms.max(0) as u64,
-            handle: None,
-        }));
-    }
-    // The snapshot shows a record the upsert should have taken over: it changed in between
-    // (another claim took it); look again.
-    if row.try_get::<_, Option<bool>>("takeable")? == Some(true) {
-        return Err(Fail::Stale);
-    }
-    if row.try_get::<_, Option<bool>>("same_fp")? != Some(true) {
-        let digest: Option<Vec<u8>> = row.try_get("request_digest")?;
-        return Ok(Claim::Mismatch {
-            request_digest: digest.map(Bytes::from),
-        });
-    }
-    match row.try_get::<_, Option<i16>>("state")? {
-        Some(IN_PROGRESS) => Ok(Claim::InProgress {
-            lease_left: Duration::from_millis(
-                row.try_get::<_, Option<i64>>("lease_left_ms")?
-                    .unwrap_or(0)
-                    .max(0) as u64,
-            ),
-        }),
-        Some(COMPLETED) => Ok(Claim::Completed(
-            response_from(
-                row.try_get("status")?,
-                row.try_get("headers")?,
-                row.try_get("body")?,
-            )
-            .map_err(Fail::Store)?,
-        )),
-        other => Err(Fail::Store(StoreError::Internal(format!(
-            "key in unknown state {other:?}"
-        )))),
-    }
 }
 
 pub(super) fn fence_of(token: &HeldClaim) -> i64 {

@@ -37,6 +37,12 @@ pub struct PgConfig {
     pub cleanup_interval: Option<Duration>,
     /// Rows deleted per cleanup statement. Default 500.
     pub cleanup_batch: u32,
+    /// Lanes per batched statement (claims; completions and releases; write-once inserts): each
+    /// lane sends what queued while its previous batch was in flight as one statement, on one
+    /// pooled connection at a time (see the `lanes` module). More lanes let more batches run at
+    /// once and make each smaller; a request's calls are routed by its key, so calls about one
+    /// key always meet in one lane. Default 1; at least 1.
+    pub writers: usize,
     /// Whether a pooler in transaction mode (PgBouncer `pool_mode = transaction`) sits in front
     /// of the database. Default [`Pooling::None`]; a server that refuses the start-up `options`
     /// parameter, as PgBouncer does, switches the store to [`Pooling::Transaction`] by itself,
@@ -58,6 +64,7 @@ impl PgConfig {
             connect_attempts: 3,
             cleanup_interval: Some(Duration::from_secs(60)),
             cleanup_batch: 500,
+            writers: 1,
             pooling: Pooling::None,
         }
     }
@@ -77,6 +84,12 @@ impl PgConfig {
     /// Sets how statements reach the database (see [`Pooling`]).
     pub fn pooling(mut self, pooling: Pooling) -> Self {
         self.pooling = pooling;
+        self
+    }
+
+    /// Sets the lanes per batched statement ([`PgConfig::writers`]).
+    pub fn writers(mut self, writers: usize) -> Self {
+        self.writers = writers;
         self
     }
 

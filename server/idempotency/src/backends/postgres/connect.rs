@@ -11,10 +11,16 @@ use parking_lot::Mutex;
 use tokio_postgres::SimpleQueryMessage;
 use tracing::{info, warn};
 
+use super::batch::BatchRunner;
+use super::batch::claims::Claims;
+use super::batch::finish::Finishes;
+use super::batch::inserts::Inserts;
+use super::batch_sizes::BatchSizes;
 use super::codec::millis;
 use super::config::{self, PgConfig, PgError};
 use super::error::describe;
 use super::health;
+use super::lanes::Lanes;
 use super::schema::MigrateError;
 use super::sql::Statements;
 use super::state::DbState;
@@ -33,8 +39,19 @@ impl PostgresBackend {
     /// database by [`redacted_url`], never with its password.
     pub async fn connect(config: PgConfig) -> Result<PostgresBackend, PgError> {
         config::validate_schema(&config.schema)?;
+        if config.writers == 0 {
+            return Err(PgError::Config("writers must be at least 1".into()));
+        }
         if config.pool_size == 0 {
             return Err(PgError::Config("pool_size must be at least 1".into()));
+        }
+        if config.pool_size < 3 * config.writers + 1 {
+            warn!(
+                pool = config.pool_size,
+                writers = config.writers,
+                "the pool is smaller than three batch writers per kind need, plus one for \
+                 other calls: batches will wait for connections"
+            );
         }
         if config.lease < Duration::from_millis(1) {
             return Err(PgError::Config("lease must be at least 1 ms".into()));
@@ -135,22 +152,55 @@ impl PostgresBackend {
         drop(client);
         info!(database = %shown, schema = %config.schema, pool = config.pool_size, pooler = ?pooling, sslmode, "PostgreSQL store ready");
 
-        let inner = Arc::new(Inner {
-            pool,
-            sql: Statements::new(&config.schema),
-            pooling,
-            lease: config.lease,
-            lease_ms: millis(config.lease),
-            attempt_timeout: config.pool_wait_timeout
-                + config.connect_timeout
-                + config.statement_timeout
-                + Duration::from_secs(1),
-            pool_wait: config.pool_wait_timeout,
-            state: Arc::new(DbState::default()),
-            tasks: Mutex::new(Vec::new()),
-            password,
-            latency: latency::StatementLatency::default(),
+        let queue_wait = config.pool_wait_timeout;
+        let writers = config.writers;
+        let mut lane_tasks = Vec::new();
+        let inner = Arc::new_cyclic(|weak| {
+            let (claims, tasks) = Lanes::spawn(
+                writers,
+                BatchRunner::<Claims>::new(weak.clone()),
+                queue_wait,
+                "claim",
+            );
+            lane_tasks.extend(tasks);
+            let (finishes, tasks) = Lanes::spawn(
+                writers,
+                BatchRunner::<Finishes>::new(weak.clone()),
+                queue_wait,
+                "complete",
+            );
+            lane_tasks.extend(tasks);
+            let (inserts, tasks) = Lanes::spawn(
+                writers,
+                BatchRunner::<Inserts>::new(weak.clone()),
+                queue_wait,
+                "insert_once",
+            );
+            lane_tasks.extend(tasks);
+            Inner {
+                pool,
+                sql: Statements::new(&config.schema),
+                pooling,
+                lease: config.lease,
+                lease_ms: millis(config.lease),
+                attempt_timeout: config.pool_wait_timeout
+                    + config.connect_timeout
+                    + config.statement_timeout
+                    + Duration::from_secs(1),
+                pool_wait: config.pool_wait_timeout,
+                state: Arc::new(DbState::default()),
+                tasks: Mutex::new(Vec::new()),
+                password,
+                latency: latency::StatementLatency::default(),
+                batch_sizes: BatchSizes::default(),
+                claims,
+                finishes,
+                inserts,
+            }
         });
+        // The lanes end by themselves when the store is dropped (their senders go with it);
+        // their handles are not kept: `close` leaves batches in flight to finish.
+        drop(lane_tasks);
         // Start-up has just reached the database: the probe's first check is due a whole interval
         // from now, not at once (where it would race the first calls for the pool's connections).
         inner.state.mark_up();

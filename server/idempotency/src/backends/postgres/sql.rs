@@ -10,12 +10,11 @@ use tokio_postgres::types::Type;
 use super::statement::Sql;
 
 const TEXT: Type = Type::TEXT;
-const BYTEA: Type = Type::BYTEA;
-const INT4: Type = Type::INT4;
 const INT8: Type = Type::INT8;
 const TEXTS: Type = Type::TEXT_ARRAY;
 const BYTEAS: Type = Type::BYTEA_ARRAY;
 const INT8S: Type = Type::INT8_ARRAY;
+const INT4S: Type = Type::INT4_ARRAY;
 /// The parameters of a batch of record puts: namespaces, keys, values, after-ms, at-ms.
 const PUTS: [Type; 5] = [TEXTS, TEXTS, BYTEAS, INT8S, INT8S];
 
@@ -26,6 +25,33 @@ pub(crate) const COUNTER_STRIPES: i16 = 16;
 pub(crate) const IN_PROGRESS: i16 = 0;
 /// State value of a completed key.
 pub(crate) const COMPLETED: i16 = 1;
+
+/// Appended to the `unnest` of a batch's arrays (`{c}`: its alias). Always true (the index of a
+/// call in its batch is 0 to 511), it makes the planner estimate one input row, where it
+/// estimates ten for an array parameter. Statements are prepared once per connection and after
+/// five executions run a generic plan made with the table sizes of that moment; on a table that
+/// starts empty, ten input rows against a "small" table gave a plan that scanned the whole keys
+/// table for every batch, for the life of the connection (seen: 660 µs of database CPU per
+/// request at 12 000 keys, growing with the table). With one input row, joining from the input
+/// into the primary key index is the cheapest plan at every table size, and it is the right plan
+/// for any batch: a few hundred index lookups at most.
+const ONE_ROW: &str = "WHERE {c}.idx >= 0 AND {c}.idx < 2147483647";
+
+/// `{alias}.expires_at > now()`, written so that it is never an index condition. A lookup of a
+/// key by `(scope, key)` that also says `expires_at > now()` matches two indexes equally well on
+/// a nearly empty table: the primary key, and `keys_scope_expires_at` on `(scope, expires_at)`.
+/// A generic plan made then (after five executions on a fresh connection) may pick the second
+/// and keep it as the table grows, reading every live key of the scope to find one (seen: the
+/// completion statement reading 10 000 index entries per call at 17 000 keys). Here the
+/// comparison is a filter on the row the primary key found.
+fn unexpired(alias: &str) -> String {
+    let prefix = if alias.is_empty() {
+        String::new()
+    } else {
+        format!("{alias}.")
+    };
+    format!("({prefix}expires_at > now()) IS TRUE")
+}
 
 /// `expr` (a timestamptz) as epoch milliseconds.
 fn ms(expr: &str) -> String {
@@ -52,6 +78,7 @@ pub(crate) struct Statements {
     pub record: Sql,
     pub write_puts: Sql,
     pub delete_records: Sql,
+    pub insert_new: Sql,
     pub insert_once: Sql,
     pub counter: Sql,
     pub cleanup_keys: Sql,
@@ -65,6 +92,8 @@ impl Statements {
     pub(crate) fn new(schema: &str) -> Self {
         let s = format!("\"{schema}\"");
         let seq = format!("'\"{schema}\".fence_seq'");
+        let unexpired_k = unexpired("k");
+        let unexpired_row = unexpired("");
         let lease_left =
             "GREATEST(0, ceil(extract(epoch FROM (k.lease_until - now())) * 1000))::bigint";
         // Puts of business records, from arrays starting at parameter `first`. Removals are a
@@ -86,85 +115,145 @@ impl Statements {
             )
         };
         Self {
-            // The common case, a key never seen: $1 scope, $2 key, $3 fingerprint, $4 ttl ms, $5
-            // lease ms, $6 request digest (or NULL), $7 most live keys of the scope (0: no limit).
+            // The common case, a batch of keys never seen (see `batch::claims`): arrays, one element
+            // per call: $1 index of the call in the batch, $2 scope, $3 key, $4 fingerprint, $5
+            // ttl ms, $6 request digest (or NULL); $7 the calls' most live keys per scope (0: no
+            // limit), $8 the lease in ms. Keys are distinct within a batch.
             //
-            // Inserts the key unless it has a row, and counts it; returns its fence, or no fence
-            // when the key has a row (the caller then runs `claim`, which handles every case).
-            // A key inserted over the quota trips the same guard as `claim` (the statement rolls
-            // back) and the caller runs `claim`, which answers 429 after its purge. Same
-            // durability as `claim`. About a third of `claim`'s database CPU (measured with
-            // pgbench: 456 against 668 µs per call on the 2-core test machine), because it plans
-            // and starts up only two small modifications.
-            claim_new: Sql::new(format!(
-                "WITH ins AS (
+            // Inserts every key that has no row (`DO NOTHING`: a key with a row is neither
+            // locked nor touched) and adds the inserted keys to their scopes' counts; returns the
+            // inserted keys with their fences. The calls of the keys not returned go to `claim`,
+            // which handles every case. The count moves exactly with the rows inserted, in the
+            // same statement. A scope that the new keys would take past its limit fails the
+            // guard (division by zero: the whole statement rolls back) and every call of the
+            // batch goes to `claim`, which admits what fits and answers 429 for the rest. Same
+            // durability as `claim`: committed without waiting for its WAL flush. Two inserts, no
+            // lookup: a small plan whose cost does not depend on the table's size.
+            claim_new: Sql::new(
+                format!(
+                    "WITH ins AS (
                    INSERT INTO {s}.keys AS k
-                     (scope, key, fingerprint, fence, state, takeover, lease_until, expires_at, created_at,
-                      request_digest)
-                   VALUES ($1, $2, $3, nextval({seq}), {IN_PROGRESS}, 0,
-                           now() + $5::bigint * interval '1 millisecond',
-                           now() + $4::bigint * interval '1 millisecond', now(), $6::bytea)
+                     (scope, key, fingerprint, fence, state, takeover, lease_until, expires_at,
+                      created_at, request_digest)
+                   SELECT i.scope, i.key, i.fp, nextval({seq}), {IN_PROGRESS}, 0,
+                          now() + $8::bigint * interval '1 millisecond',
+                          now() + i.ttl_ms * interval '1 millisecond', now(), i.digest
+                   FROM unnest($1::int4[], $2::text[], $3::text[], $4::bytea[], $5::int8[],
+                               $6::bytea[]) AS i(idx, scope, key, fp, ttl_ms, digest)
+                   ORDER BY i.scope, i.key
                    ON CONFLICT (scope, key) DO NOTHING
-                   RETURNING k.fence, {exp_ms} AS expires_ms
+                   RETURNING k.scope, k.key, k.fence, {exp_ms} AS expires_ms
+                 ), per AS (
+                   SELECT scope, count(*) AS n FROM ins GROUP BY scope
                  ), bump AS (
                    INSERT INTO {s}.scope_counts AS q (scope, live)
-                   SELECT $1, 1 FROM ins
-                   ON CONFLICT (scope) DO UPDATE SET live = q.live + 1
-                   WHERE $7::bigint = 0 OR q.live < $7::bigint
+                   SELECT scope, n FROM per WHERE $7::bigint = 0 OR n <= $7::bigint
+                   ORDER BY scope
+                   ON CONFLICT (scope) DO UPDATE SET live = q.live + EXCLUDED.live
+                   WHERE $7::bigint = 0 OR q.live + EXCLUDED.live <= $7::bigint
                    RETURNING 1
                  )
                  SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
-                        1 / CASE WHEN EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM bump)
-                                 THEN 0 ELSE 1 END AS consistent,
-                        i.fence, i.expires_ms
-                 FROM (SELECT 1) one LEFT JOIN ins i ON true",
-                exp_ms = ms("k.expires_at"),
-            ), &[TEXT, TEXT, BYTEA, INT8, INT8, BYTEA, INT8]),
-            // $1 scope, $2 key, $3 fingerprint, $4 ttl ms, $5 lease ms, $6 request digest (or
-            // NULL), $7 most live keys of the scope (0: no limit).
+                        1 / CASE WHEN (SELECT count(*) FROM per) = (SELECT count(*) FROM bump)
+                                 THEN 1 ELSE 0 END AS within_quota,
+                        i.scope, i.key, i.fence, i.expires_ms
+                 FROM ins i",
+                    exp_ms = ms("k.expires_at"),
+                ),
+                &[INT4S, TEXTS, TEXTS, BYTEAS, INT8S, BYTEAS, INT8, INT8],
+            ),
+            // One batch of claims (see `batch::claims`). Arrays, one element per call: $1 index of the
+            // call in the batch, $2 scope, $3 key, $4 fingerprint, $5 ttl ms, $6 request digest (or
+            // NULL), $7 most live keys of the scope (0: no limit); $8 the lease in ms. The calls'
+            // (scope, key) pairs are distinct: copies of a key go in later rounds. One answer row
+            // per call, whatever happened to it.
             //
-            // One statement in its own implicit transaction, so the rows it locks (the key's, and
-            // the scope's count row that every new key of the scope updates) are held only while
-            // it runs, never across a round trip.
+            // One statement in its own implicit transaction, so the rows it locks (the keys', and
+            // the count rows of the scopes that get new keys) are held only while it runs, never
+            // across a round trip.
             //
-            // A key with no row is new: `bump` adds it to the scope's row count, unless the count
-            // has reached $7, and only then is it inserted. The count stays exact: the `guard`
-            // row divides by zero, which aborts the statement and rolls the count back, when
-            // `bumped` and `inserted` disagree (a concurrent insert or delete of the key between
-            // the snapshot and the upsert); the caller then runs it again (SQLSTATE 22012 is
-            // read as "stale" for this statement only). The guard's columns are selected, so the
-            // planner cannot drop them, and it is the left side of a LEFT JOIN, so it is
-            // evaluated even when the answer has no row.
+            // - `found`: the keys that have a row, as the statement's snapshot shows them. Those
+            //   that a claim may take over (expired, or in progress with the same fingerprint and
+            //   its lease run out: `takeable`) go to the upsert; the others are answered from the
+            //   snapshot (completed: replay; in progress: 409; another fingerprint: mismatch),
+            //   without touching their rows.
+            // - `fresh`: the keys with no row, new to their scope, ranked per scope in batch
+            //   order. `counts` locks their scopes' count rows in scope order (every batch takes
+            //   them in that order: no deadlock between lanes); a key is `admitted` if its rank
+            //   still fits under its limit (exact when a scope's calls share one limit, as the
+            //   layer's do; never over any call's limit otherwise). `bump` adds the admitted keys
+            //   to their scopes' counts; a scope whose count row appeared after the snapshot is
+            //   not bumped (the guard below then trips and the statement runs again, now with
+            //   the row locked).
+            // - `claimed`: the upsert of the admitted and takeable keys, with fencing tokens from
+            //   the sequence; the update path takes a row over only if it is still takeable.
+            // - The guard: the count must move exactly with the rows inserted, scope by scope,
+            //   and every admitting scope must be bumped. They disagree only when a row appeared
+            //   or disappeared between the snapshot and the upsert (another instance, a
+            //   release or the cleanup); the guard then divides by zero, which rolls the whole
+            //   statement back, and the batch runs again (SQLSTATE 22012 is read as "stale" for
+            //   this statement only).
             //
-            // Durability: the statement sets `synchronous_commit = off` for its own transaction
-            // (`set_config(..., true)` is transaction-local), so the claim commits without
-            // waiting for its WAL flush. This is safe because WAL is flushed in order: the
-            // request that made the claim answers only after its `complete` or `release`, whose
-            // synchronous commit flushes every earlier commit record too, the claim's included.
-            // A crash before that can lose the claim (and the provider's charge record, written
-            // the same way), together with a request that never got an answer: the key then runs
-            // again, and the provider's record of the downstream key is gone with it, so nothing
-            // is charged twice. An answer that shows a claim in progress or a mismatch is sent
-            // only after the caller has forced a flush (`flush_wal`), so nobody acts on a claim
-            // a crash could take back. Completed records are written by synchronous commits and
-            // are visible only once durable.
-            claim: Sql::new(format!(
-                "WITH existing AS (
-                   SELECT 1 FROM {s}.keys WHERE scope = $1 AND key = $2
+            // Durability: the transaction commits without waiting for its WAL flush
+            // (`synchronous_commit = off`, transaction-local). This is safe because WAL is
+            // flushed in order: the request that made a claim answers only after its completion
+            // or release, whose synchronous commit flushes every earlier commit record too, the
+            // claim's included. A crash before that can lose the claim (and the provider's
+            // record, written the same way), together with a request that never got an answer:
+            // the key then runs again, and the provider's record of the downstream key is gone
+            // with it, so nothing is charged twice. When an answer shows somebody else's claim
+            // in progress (a 409, or a mismatch with an in-progress key) the statement instead
+            // keeps the session's `synchronous_commit` and takes a transaction id, so its commit
+            // writes a commit record and waits for the flush that makes the shown claim durable:
+            // nobody acts on a claim a crash could take back. Completed records are written by
+            // synchronous commits and are visible only once durable.
+            claim: Sql::new(
+                format!(
+                    "WITH input AS (
+                   SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::bytea[],
+                                        $5::int8[], $6::bytea[], $7::int8[])
+                     AS i(idx, scope, key, fp, ttl_ms, digest, max_live)
+                   {one_row}
+                 ), found AS (
+                   SELECT i.idx, k.*
+                   FROM input i CROSS JOIN LATERAL (
+                     SELECT k.fingerprint, k.fence, k.state, k.status, k.headers, k.body,
+                            k.request_digest, {exp_ms} AS expires_ms,
+                            {lease_left} AS lease_left_ms,
+                            (k.expires_at <= now()
+                             OR (k.state = {IN_PROGRESS} AND k.lease_until <= now()
+                                 AND k.fingerprint = i.fp)) AS takeable
+                     FROM {s}.keys k WHERE k.scope = i.scope AND k.key = i.key
+                     OFFSET 0) k
+                 ), fresh AS (
+                   SELECT i.idx, i.scope, i.max_live,
+                          row_number() OVER (PARTITION BY i.scope ORDER BY i.idx) AS rank
+                   FROM input i WHERE NOT EXISTS (SELECT 1 FROM found f WHERE f.idx = i.idx)
+                 ), counts AS (
+                   SELECT q.scope, q.live FROM {s}.scope_counts q
+                   WHERE q.scope IN (SELECT scope FROM fresh)
+                   ORDER BY q.scope
+                   FOR UPDATE
+                 ), admitted AS (
+                   SELECT f.idx, f.scope FROM fresh f LEFT JOIN counts c ON c.scope = f.scope
+                   WHERE f.max_live = 0 OR COALESCE(c.live, 0) + f.rank <= f.max_live
                  ), bump AS (
                    INSERT INTO {s}.scope_counts AS q (scope, live)
-                   SELECT $1, 1 WHERE NOT EXISTS (SELECT 1 FROM existing)
-                   ON CONFLICT (scope) DO UPDATE SET live = q.live + 1
-                   WHERE $7::bigint = 0 OR q.live < $7::bigint
-                   RETURNING 1
+                   SELECT a.scope, count(*) FROM admitted a GROUP BY a.scope ORDER BY a.scope
+                   ON CONFLICT (scope) DO UPDATE SET live = q.live + EXCLUDED.live
+                   WHERE EXISTS (SELECT 1 FROM counts c WHERE c.scope = q.scope)
+                   RETURNING q.scope
                  ), claimed AS (
                    INSERT INTO {s}.keys AS k
-                     (scope, key, fingerprint, fence, state, takeover, lease_until, expires_at, created_at,
-                      request_digest)
-                   SELECT $1, $2, $3, nextval({seq}), {IN_PROGRESS}, 0,
-                           now() + $5::bigint * interval '1 millisecond',
-                           now() + $4::bigint * interval '1 millisecond', now(), $6::bytea
-                   WHERE EXISTS (SELECT 1 FROM existing) OR EXISTS (SELECT 1 FROM bump)
+                     (scope, key, fingerprint, fence, state, takeover, lease_until, expires_at,
+                      created_at, request_digest)
+                   SELECT i.scope, i.key, i.fp, nextval({seq}), {IN_PROGRESS}, 0,
+                          now() + $8::bigint * interval '1 millisecond',
+                          now() + i.ttl_ms * interval '1 millisecond', now(), i.digest
+                   FROM input i
+                   WHERE i.idx IN (SELECT idx FROM admitted)
+                      OR i.idx IN (SELECT idx FROM found WHERE takeable)
+                   ORDER BY i.scope, i.key
                    ON CONFLICT (scope, key) DO UPDATE SET
                      fingerprint = EXCLUDED.fingerprint,
                      fence = GREATEST(nextval({seq}), k.fence + 1),
@@ -178,49 +267,60 @@ impl Statements {
                    WHERE k.expires_at <= now()
                       OR (k.state = {IN_PROGRESS} AND k.lease_until <= now()
                           AND k.fingerprint = EXCLUDED.fingerprint)
-                   RETURNING k.fence, k.takeover, {exp_ms} AS expires_ms,
+                   RETURNING k.scope, k.key, k.fence, k.takeover, {exp_ms} AS expires_ms,
                              -- The insert path writes takeover 0, the update path 1 or 2: a
                              -- portable way to tell them apart (no xmax).
                              (k.takeover = 0) AS inserted
-                 ), answer AS (
-                   SELECT true AS acquired, fence, takeover, expires_ms,
-                          NULL::bool AS same_fp, NULL::smallint AS state, NULL::bigint AS lease_left_ms,
-                          NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body,
-                          NULL::bool AS takeable, NULL::bytea AS request_digest,
-                          false AS quota_full, NULL::bigint AS next_expiry_ms
-                   FROM claimed
-                   UNION ALL
-                   SELECT false, k.fence, NULL, {exp_ms}, k.fingerprint = $3, k.state, {lease_left},
-                          k.status,
-                          CASE WHEN k.fingerprint = $3 THEN k.headers END,
-                          CASE WHEN k.fingerprint = $3 THEN k.body END,
-                          (k.expires_at <= now()
-                           OR (k.state = {IN_PROGRESS} AND k.lease_until <= now() AND k.fingerprint = $3)),
-                          CASE WHEN k.fingerprint <> $3 THEN k.request_digest END,
-                          false, NULL
-                   FROM {s}.keys k
-                   WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
-                   UNION ALL
-                   SELECT false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                          true,
-                          (SELECT {next_ms} FROM {s}.keys n
-                           WHERE n.scope = $1 AND n.expires_at > now()
-                           ORDER BY n.expires_at LIMIT 1)
-                   WHERE NOT EXISTS (SELECT 1 FROM existing) AND NOT EXISTS (SELECT 1 FROM bump)
+                 ), checked AS (
+                   SELECT
+                     NOT EXISTS (
+                       SELECT 1 FROM (SELECT scope, 1 AS admitted, 0 AS inserted FROM admitted
+                                      UNION ALL
+                                      SELECT scope, 0, 1 FROM claimed WHERE inserted) x
+                       GROUP BY x.scope HAVING sum(x.admitted) <> sum(x.inserted))
+                     AND (SELECT count(DISTINCT scope) FROM admitted) = (SELECT count(*) FROM bump)
+                       AS consistent,
+                     EXISTS (SELECT 1 FROM found f
+                             WHERE f.state = {IN_PROGRESS} AND NOT f.takeable) AS shows_claim
+                 ), settled AS (
+                   SELECT 1 / CASE WHEN consistent THEN 1 ELSE 0 END AS consistent,
+                          CASE WHEN shows_claim
+                               THEN current_setting('synchronous_commit') || ' '
+                                    || pg_catalog.txid_current()
+                               ELSE set_config('synchronous_commit', 'off', true) END AS commit_mode
+                   FROM checked
                  )
-                 SELECT g.async_commit, g.consistent, a.*
-                 FROM (SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
-                              1 / CASE WHEN EXISTS (SELECT 1 FROM bump)
-                                          = EXISTS (SELECT 1 FROM claimed WHERE inserted)
-                                       THEN 1 ELSE 0 END AS consistent) g
-                 LEFT JOIN answer a ON true",
-                exp_ms = ms("k.expires_at"),
-                next_ms = "GREATEST(1, ceil(extract(epoch FROM (n.expires_at - now())) * 1000))::bigint",
-            ), &[TEXT, TEXT, BYTEA, INT8, INT8, BYTEA, INT8]),
+                 SELECT s.consistent, s.commit_mode, i.idx,
+                        c.fence IS NOT NULL AS acquired,
+                        COALESCE(c.fence, f.fence) AS fence,
+                        c.takeover,
+                        COALESCE(c.expires_ms, f.expires_ms) AS expires_ms,
+                        f.fingerprint = i.fp AS same_fp,
+                        f.state, f.lease_left_ms, f.status,
+                        CASE WHEN f.fingerprint = i.fp THEN f.headers END AS headers,
+                        CASE WHEN f.fingerprint = i.fp THEN f.body END AS body,
+                        CASE WHEN f.fingerprint <> i.fp THEN f.request_digest END AS request_digest,
+                        (COALESCE(f.takeable, false) AND c.fence IS NULL) AS stale,
+                        (f.idx IS NULL AND a.idx IS NULL) AS quota_full,
+                        CASE WHEN f.idx IS NULL AND a.idx IS NULL THEN
+                          (SELECT {next_ms} FROM {s}.keys n
+                           WHERE n.scope = i.scope AND n.expires_at > now()
+                           ORDER BY n.expires_at LIMIT 1) END AS next_expiry_ms
+                 FROM settled s CROSS JOIN input i
+                 LEFT JOIN claimed c ON c.scope = i.scope AND c.key = i.key
+                 LEFT JOIN found f ON f.idx = i.idx
+                 LEFT JOIN admitted a ON a.idx = i.idx",
+                    exp_ms = ms("k.expires_at"),
+                    one_row = ONE_ROW.replace("{c}", "i"),
+                    next_ms = "GREATEST(1, ceil(extract(epoch FROM (n.expires_at - now())) * 1000))::bigint",
+                ),
+                &[INT4S, TEXTS, TEXTS, BYTEAS, INT8S, BYTEAS, INT8S, INT8],
+            ),
             // $1 scope: deletes the scope's expired keys and takes them off its count (a claim
             // refused by the quota does this before it answers 429).
-            purge_scope: Sql::new(format!(
-                "WITH gone AS (
+            purge_scope: Sql::new(
+                format!(
+                    "WITH gone AS (
                    DELETE FROM {s}.keys WHERE scope = $1 AND expires_at <= now() RETURNING 1
                  ), fix AS (
                    UPDATE {s}.scope_counts SET live = live - (SELECT count(*) FROM gone)
@@ -228,95 +328,217 @@ impl Statements {
                    RETURNING 1
                  )
                  SELECT count(*) FROM gone"
-            ), &[TEXT]),
-            // $1 scope, $2 key, $3 fence, $4 status, $5 headers, $6 body, $7..$11 put arrays.
-            complete: Sql::new(format!(
-                "WITH done AS (
-                   UPDATE {s}.keys SET state = {COMPLETED}, lease_until = NULL,
-                                       status = $4, headers = $5, body = $6
-                   WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
-                     AND expires_at > now()
-                   RETURNING 1
-                 ), {records}
-                 SELECT (SELECT count(*) FROM done) AS done",
-                records = puts_cte(7, "WHERE EXISTS (SELECT 1 FROM done)"),
-            ), &[TEXT, TEXT, INT8, INT4, BYTEA, BYTEA, TEXTS, TEXTS, BYTEAS, INT8S, INT8S]),
-            // $1 scope, $2 key, $3 fence.
-            release: Sql::new(format!(
-                "WITH gone AS (
-                   DELETE FROM {s}.keys
-                   WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
-                     AND expires_at > now()
-                   RETURNING 1
-                 ), fix AS (
-                   UPDATE {s}.scope_counts SET live = live - 1
-                   WHERE scope = $1 AND EXISTS (SELECT 1 FROM gone)
+                ),
+                &[TEXT],
+            ),
+            // One batch of completions (see `batch::finish`). Arrays, one element per completion:
+            // $1 index in the batch, $2 scope, $3 key, $4 fence, $5 status, $6 headers, $7 body;
+            // and one per record put: $8 the index of the completion it belongs to, $9..$13 the
+            // put. Keys and record keys are distinct within a batch. Returns the indices of the
+            // completions that applied: those whose fence still holds an in-progress, unexpired
+            // key; only their puts are written. Commits synchronously (the session's setting):
+            // an answer means durable.
+            complete: Sql::new(
+                format!(
+                    "WITH input AS (
+                   SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::int8[],
+                                        $5::int4[], $6::bytea[], $7::bytea[])
+                     AS c(idx, scope, key, fence, status, headers, body)
+                   {one_row}
+                 ), done AS (
+                   UPDATE {s}.keys k SET state = {COMPLETED}, lease_until = NULL,
+                                         status = c.status, headers = c.headers, body = c.body
+                   FROM input c
+                   WHERE k.scope = c.scope AND k.key = c.key AND k.fence = c.fence
+                     AND k.state = {IN_PROGRESS} AND {unexpired_k}
+                   RETURNING c.idx
+                 ), puts AS (
+                   INSERT INTO {s}.records AS r (namespace, key, value, expires_at)
+                   SELECT w.ns, w.k, w.v, {exp}
+                   FROM unnest($8::int4[], $9::text[], $10::text[], $11::bytea[], $12::int8[],
+                               $13::int8[]) AS w(owner, ns, k, v, after_ms, at_ms)
+                   WHERE w.owner IN (SELECT idx FROM done)
+                   ORDER BY w.ns, w.k
+                   ON CONFLICT (namespace, key) DO UPDATE
+                     SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
                    RETURNING 1
                  )
-                 SELECT count(*) FROM gone"
-            ), &[TEXT, TEXT, INT8]),
+                 SELECT idx FROM done",
+                    exp = expiry("w.after_ms", "w.at_ms"),
+                    one_row = ONE_ROW.replace("{c}", "c"),
+                ),
+                &[
+                    INT4S, TEXTS, TEXTS, INT8S, INT4S, BYTEAS, BYTEAS, INT4S, TEXTS, TEXTS, BYTEAS,
+                    INT8S, INT8S,
+                ],
+            ),
+            // One batch of releases: $1 index in the batch, $2 scope, $3 key, $4 fence. Deletes
+            // the keys whose fence still holds them in progress, takes them off their scopes'
+            // counts, and returns their indices. Commits synchronously.
+            release: Sql::new(
+                format!(
+                    "WITH input AS (
+                   SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::int8[])
+                     AS r(idx, scope, key, fence)
+                   {one_row}
+                 ), gone AS (
+                   DELETE FROM {s}.keys k USING input r
+                   WHERE k.scope = r.scope AND k.key = r.key AND k.fence = r.fence
+                     AND k.state = {IN_PROGRESS} AND {unexpired_k}
+                   RETURNING r.idx, k.scope
+                 ), per AS (
+                   SELECT scope, count(*) AS n FROM gone GROUP BY scope
+                 ), fix AS (
+                   UPDATE {s}.scope_counts q SET live = q.live - per.n
+                   FROM per WHERE q.scope = per.scope
+                   RETURNING 1
+                 )
+                 SELECT idx FROM gone",
+                    one_row = ONE_ROW.replace("{c}", "r"),
+                ),
+                &[INT4S, TEXTS, TEXTS, INT8S],
+            ),
             // $1 scope, $2 key, $3 fence, $4 lease ms.
-            extend: Sql::new(format!(
+            extend: Sql::new(
+                format!(
                 "UPDATE {s}.keys SET lease_until = now() + $4::bigint * interval '1 millisecond'
                  WHERE scope = $1 AND key = $2 AND fence = $3 AND state = {IN_PROGRESS}
-                   AND expires_at > now()
+                   AND {unexpired_row}
                  RETURNING 1"
-            ), &[TEXT, TEXT, INT8, INT8]),
+            ),
+                &[TEXT, TEXT, INT8, INT8],
+            ),
             // $1 scope, $2 key.
-            get: Sql::new(format!(
+            get: Sql::new(
+                format!(
                 "SELECT k.fingerprint, k.fence, {exp_ms} AS expires_ms, {created_ms} AS created_ms,
                         k.state,
                         {lease_left} AS lease_left_ms, k.status, k.headers, k.body
                  FROM {s}.keys k
-                 WHERE k.scope = $1 AND k.key = $2 AND k.expires_at > now()",
+                 WHERE k.scope = $1 AND k.key = $2 AND {unexpired_k}",
                 exp_ms = ms("k.expires_at"),
                 created_ms = ms("k.created_at"),
-            ), &[TEXT, TEXT]),
+            ),
+                &[TEXT, TEXT],
+            ),
             // $1 namespace, $2 key.
-            record: Sql::new(format!(
-                "SELECT value FROM {s}.records
+            record: Sql::new(
+                format!(
+                    "SELECT value FROM {s}.records
                  WHERE namespace = $1 AND key = $2 AND (expires_at IS NULL OR expires_at > now())"
-            ), &[TEXT, TEXT]),
+                ),
+                &[TEXT, TEXT],
+            ),
             // $1..$5 put arrays.
-            write_puts: Sql::new(format!(
-                "WITH {records} SELECT count(*) FROM puts",
-                records = puts_cte(1, ""),
-            ), &PUTS),
+            write_puts: Sql::new(
+                format!(
+                    "WITH {records} SELECT count(*) FROM puts",
+                    records = puts_cte(1, ""),
+                ),
+                &PUTS,
+            ),
             // $1 namespaces, $2 keys.
-            delete_records: Sql::new(format!(
-                "DELETE FROM {s}.records r
+            delete_records: Sql::new(
+                format!(
+                    "DELETE FROM {s}.records r
                  USING unnest($1::text[], $2::text[]) AS d(ns, k)
                  WHERE r.namespace = d.ns AND r.key = d.k"
-            ), &[TEXTS, TEXTS]),
-            // $1 namespace, $2 key, $3 value, $4 after ms, $5 at ms, $6 counter.
+                ),
+                &[TEXTS, TEXTS],
+            ),
+            // The common case, a batch of records never written (see `batch::inserts`): arrays, one
+            // element per call: $1 index in the batch, $2 namespace, $3 key, $4 value, $5 after
+            // ms, $6 at ms, $7 the counter the insert adds one to. (namespace, key) pairs are
+            // distinct within a batch. Inserts every record that has no row (`DO NOTHING`) and
+            // adds the inserted ones to their counters; returns the inserted records. The calls
+            // of the records not returned go to `insert_once`. Committed without waiting for its
+            // WAL flush (see `insert_once`).
+            insert_new: Sql::new(
+                format!(
+                    "WITH input AS (
+                   SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::bytea[],
+                                        $5::int8[], $6::int8[], $7::text[])
+                     AS i(idx, ns, k, v, after_ms, at_ms, counter)
+                 ), ins AS (
+                   INSERT INTO {s}.records AS r (namespace, key, value, expires_at)
+                   SELECT i.ns, i.k, i.v, {exp} FROM input i
+                   ORDER BY i.ns, i.k
+                   ON CONFLICT (namespace, key) DO NOTHING
+                   RETURNING r.namespace, r.key
+                 ), bump AS (
+                   INSERT INTO {s}.counters AS c (name, stripe, value)
+                   SELECT i.counter, floor(random() * {COUNTER_STRIPES})::smallint, count(*)
+                   FROM input i JOIN ins ON ins.namespace = i.ns AND ins.key = i.k
+                   GROUP BY i.counter ORDER BY i.counter
+                   ON CONFLICT (name, stripe) DO UPDATE SET value = c.value + EXCLUDED.value
+                   RETURNING 1
+                 )
+                 SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+                        n.namespace, n.key
+                 FROM ins n",
+                    exp = expiry("i.after_ms", "i.at_ms"),
+                ),
+                &[INT4S, TEXTS, TEXTS, BYTEAS, INT8S, INT8S, TEXTS],
+            ),
+            // One batch of write-once inserts (see `batch::inserts`). Arrays, one element per call:
+            // $1 index in the batch, $2 namespace, $3 key, $4 value, $5 after ms, $6 at ms, $7 the
+            // counter the insert adds one to. (namespace, key) pairs are distinct within a batch.
+            // One answer row per call: inserted, or the live record already there (NULL when the
+            // snapshot shows none although the insert found one: the caller looks again).
             //
             // Commits without waiting for its WAL flush, like `claim` and for the same reason:
             // the provider's record is written inside a request that answers only after a
-            // synchronous `complete` or `release`. The counter is striped over
-            // `COUNTER_STRIPES` rows chosen at random, so concurrent charges do not queue on one
-            // row; `counter` sums the stripes.
-            insert_once: Sql::new(format!(
-                "WITH ins AS (
+            // synchronous completion or release. When it shows an existing record, which may
+            // itself have committed without its flush, it commits with the session's setting and
+            // a transaction id instead, so its commit waits for that record to be durable. Each
+            // counter is striped over `COUNTER_STRIPES` rows, one chosen at random per batch, so
+            // concurrent batches do not queue on one row; `counter` sums the stripes.
+            insert_once: Sql::new(
+                format!(
+                    "WITH input AS (
+                   SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::bytea[],
+                                        $5::int8[], $6::int8[], $7::text[])
+                     AS i(idx, ns, k, v, after_ms, at_ms, counter)
+                   {one_row}
+                 ), existing AS (
+                   SELECT i.idx, r.value FROM input i CROSS JOIN LATERAL (
+                     SELECT r.value FROM {s}.records r
+                     WHERE r.namespace = i.ns AND r.key = i.k
+                       AND (r.expires_at IS NULL OR r.expires_at > now())
+                     OFFSET 0) r
+                 ), ins AS (
                    INSERT INTO {s}.records AS r (namespace, key, value, expires_at)
-                   VALUES ($1, $2, $3, {exp})
+                   SELECT i.ns, i.k, i.v, {exp} FROM input i
+                   WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.idx = i.idx)
+                   ORDER BY i.ns, i.k
                    ON CONFLICT (namespace, key) DO UPDATE
                      SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at
                    WHERE r.expires_at IS NOT NULL AND r.expires_at <= now()
-                   RETURNING 1
+                   RETURNING r.namespace, r.key
                  ), bump AS (
                    INSERT INTO {s}.counters AS c (name, stripe, value)
-                   SELECT $6::text, floor(random() * {COUNTER_STRIPES})::smallint, 1 FROM ins
-                   ON CONFLICT (name, stripe) DO UPDATE SET value = c.value + 1
-                   RETURNING c.value
+                   SELECT i.counter, floor(random() * {COUNTER_STRIPES})::smallint, count(*)
+                   FROM input i JOIN ins ON ins.namespace = i.ns AND ins.key = i.k
+                   GROUP BY i.counter ORDER BY i.counter
+                   ON CONFLICT (name, stripe) DO UPDATE SET value = c.value + EXCLUDED.value
+                   RETURNING 1
+                 ), settled AS (
+                   SELECT CASE WHEN EXISTS (SELECT 1 FROM existing)
+                               THEN current_setting('synchronous_commit') || ' '
+                                    || pg_catalog.txid_current()
+                               ELSE set_config('synchronous_commit', 'off', true) END AS commit_mode
                  )
-                 SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
-                        EXISTS (SELECT 1 FROM ins) AS inserted,
-                        EXISTS (SELECT 1 FROM bump) AS counted,
-                        (SELECT r.value FROM {s}.records r
-                         WHERE r.namespace = $1 AND r.key = $2
-                           AND (r.expires_at IS NULL OR r.expires_at > now())) AS existing",
-                exp = expiry("$4::bigint", "$5::bigint"),
-            ), &[TEXT, TEXT, BYTEA, INT8, INT8, TEXT]),
+                 SELECT s.commit_mode, i.idx, n.k IS NOT NULL AS inserted,
+                        CASE WHEN n.k IS NULL THEN e.value END AS existing
+                 FROM settled s CROSS JOIN input i
+                 LEFT JOIN (SELECT namespace AS ns, key AS k FROM ins) n
+                   ON n.ns = i.ns AND n.k = i.k
+                 LEFT JOIN existing e ON e.idx = i.idx",
+                    exp = expiry("i.after_ms", "i.at_ms"),
+                    one_row = ONE_ROW.replace("{c}", "i"),
+                ),
+                &[INT4S, TEXTS, TEXTS, BYTEAS, INT8S, INT8S, TEXTS],
+            ),
             counter: Sql::new(
                 format!("SELECT COALESCE(sum(value), 0)::bigint FROM {s}.counters WHERE name = $1"),
                 &[TEXT],
@@ -326,8 +548,9 @@ impl Statements {
             // so every earlier one) to be flushed. See `claim`.
             flush_wal: Sql::new("SELECT pg_catalog.txid_current()".to_string(), &[]),
             // $1 batch size. Returns the rows deleted; takes them off their scopes' counts.
-            cleanup_keys: Sql::new(format!(
-                "WITH gone AS (
+            cleanup_keys: Sql::new(
+                format!(
+                    "WITH gone AS (
                    DELETE FROM {s}.keys
                    WHERE (scope, key) IN (
                      SELECT scope, key FROM {s}.keys WHERE expires_at <= now()
@@ -342,10 +565,13 @@ impl Statements {
                    RETURNING 1
                  )
                  SELECT count(*) FROM gone"
-            ), &[INT8]),
+                ),
+                &[INT8],
+            ),
             // $1 batch size. Returns the rows deleted.
-            cleanup_records: Sql::new(format!(
-                "WITH gone AS (
+            cleanup_records: Sql::new(
+                format!(
+                    "WITH gone AS (
                    DELETE FROM {s}.records
                    WHERE (namespace, key) IN (
                      SELECT namespace, key FROM {s}.records
@@ -355,11 +581,16 @@ impl Statements {
                    RETURNING 1
                  )
                  SELECT count(*) FROM gone"
-            ), &[INT8]),
-            keys_estimate: Sql::new(format!(
-                "SELECT GREATEST(reltuples, 0)::float8 FROM pg_catalog.pg_class
+                ),
+                &[INT8],
+            ),
+            keys_estimate: Sql::new(
+                format!(
+                    "SELECT GREATEST(reltuples, 0)::float8 FROM pg_catalog.pg_class
                  WHERE oid = to_regclass('{s}.keys')"
-            ), &[]),
+                ),
+                &[],
+            ),
         }
     }
 }

@@ -12,12 +12,17 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 
+use super::batch::claims::ClaimJob;
+use super::batch::finish::{Finish, FinishJob};
+use super::batch::inserts::InsertJob;
+use super::batch_sizes::BatchSizes;
 use super::codec::{
     MAX_NAMESPACE, MAX_REQUEST_DIGEST, MAX_SIDE_KEY, WriteArrays, check_key, check_response,
-    check_text, check_write, claim_outcome, encode_headers, expiry_params, fence_of, lease_lost,
-    millis, response_from, to_i64,
+    check_text, check_write, encode_headers, expiry_params, fence_of, lease_lost, millis,
+    owned_writes, response_from, to_i64,
 };
 use super::error::{Fail, MAX_ATTEMPTS, jitter, retries, settle};
+use super::lanes::Lanes;
 use super::latency;
 use super::sql::{IN_PROGRESS, Statements};
 use super::state::DbState;
@@ -50,6 +55,14 @@ pub(crate) struct Inner {
     pub(super) password: Option<Vec<u8>>,
     /// Statement latency for `/metrics`.
     pub(super) latency: latency::StatementLatency,
+    /// Calls per batch statement for `/metrics`.
+    pub(super) batch_sizes: BatchSizes,
+    /// The lanes that batch claims ([`super::batch::claims`]).
+    pub(super) claims: Lanes<ClaimJob>,
+    /// The lanes that batch completions and releases ([`super::batch::finish`]).
+    pub(super) finishes: Lanes<FinishJob>,
+    /// The lanes that batch write-once inserts ([`super::batch::inserts`]).
+    pub(super) inserts: Lanes<InsertJob>,
 }
 
 impl PostgresBackend {
@@ -57,20 +70,6 @@ impl PostgresBackend {
     pub fn lease(&self) -> Duration {
         self.inner.lease
     }
-}
-
-/// The claim statement's guard divides by zero when its count and its insert disagree (see
-/// `sql`): the statement rolled back, and running it again resolves it.
-fn stale_on_guard(e: tokio_postgres::Error) -> Fail {
-    if is_guard(&e) {
-        Fail::Stale
-    } else {
-        Fail::Db(e)
-    }
-}
-
-fn is_guard(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO)
 }
 
 impl Inner {
@@ -123,9 +122,9 @@ impl IdempotencyStore for PostgresBackend {
         if ttl_ms < 1 {
             return Err(StoreError::Rejected("ttl must be at least 1 ms".into()));
         }
-        // One statement claims the key and stores the digest: computed before it is sent.
-        let request_digest = extras.request_digest.map(|compute| compute());
-        if request_digest
+        // The claim statement stores the digest: computed before it is queued.
+        let digest = extras.request_digest.map(|compute| compute());
+        if digest
             .as_ref()
             .is_some_and(|d| d.len() > MAX_REQUEST_DIGEST)
         {
@@ -134,93 +133,36 @@ impl IdempotencyStore for PostgresBackend {
             ));
         }
         let inner = &*self.inner;
-        let fp: &[u8] = &fingerprint.0;
-        let digest: Option<&[u8]> = request_digest.as_deref();
-        let max_live = to_i64(extras.max_live_keys.unwrap_or(0));
-        let lease_ms = inner.lease_ms;
-        // A claim refused by the quota first deletes the scope's expired keys (they still count
-        // until cleanup removes them) and, if that freed a place, tries once more.
-        let mut purged = false;
-        loop {
-            let outcome = inner
-                .with_retry("claim", |c| async move {
-                    // The common case first: a new key, inserted and counted by a small statement.
-                    let new = inner
-                        .sql
-                        .claim_new
-                        .query_one(
-                            &c,
-                            inner.pooling,
-                            &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
-                        )
-                        .await;
-                    match new {
-                        Ok(row) => {
-                            if let (Some(fence), Some(expires_ms)) = (
-                                row.try_get::<_, Option<i64>>("fence")?,
-                                row.try_get::<_, Option<i64>>("expires_ms")?,
-                            ) {
-                                return Ok(Claim::Acquired(HeldClaim {
-                                    scope: scope.to_string(),
-                                    key: key.to_string(),
-                                    fence: fence as u64,
-                                    takeover: None,
-                                    expires_at_ms: expires_ms.max(0) as u64,
-                                    handle: None,
-                                }));
-                            }
-                            // The key has a row: the full statement below.
-                        }
-                        // Over the quota (or a racing insert): the full statement decides.
-                        Err(Fail::Db(e)) if is_guard(&e) => {}
-                        Err(e) => return Err(e),
-                    }
-                    let rows = inner
-                        .sql
-                        .claim
-                        .query(
-                            &c,
-                            inner.pooling,
-                            &[&scope, &key, &fp, &ttl_ms, &lease_ms, &digest, &max_live],
-                        )
-                        .await
-                        .map_err(stale_on_guard)?;
-                    // No answer row: the key changed after this statement's snapshot; look again.
-                    let Some(row) = rows.first() else {
-                        return Err(Fail::Stale);
-                    };
-                    if row.try_get::<_, Option<bool>>("acquired")?.is_none() {
-                        return Err(Fail::Stale);
-                    }
-                    let outcome = claim_outcome(row, scope, key)?;
-                    if matches!(outcome, Claim::InProgress { .. } | Claim::Mismatch { .. }) {
-                        // The claim shown may have committed without its flush (see `sql`):
-                        // make it durable before anybody acts on it.
-                        inner.sql.flush_wal.query(&c, inner.pooling, &[]).await?;
-                    }
-                    Ok(outcome)
-                })
-                .await?;
-            match outcome {
-                Claim::QuotaExceeded { .. } if !purged => {
-                    purged = true;
-                    let freed = inner
-                        .with_retry("claim", |c| async move {
-                            let row = inner
-                                .sql
-                                .purge_scope
-                                .query_one(&c, inner.pooling, &[&scope])
-                                .await?;
-                            Ok(row.try_get::<_, i64>(0)?)
-                        })
-                        .await?;
-                    if freed == 0 {
-                        return Ok(outcome);
-                    }
-                }
-                outcome => return Ok(outcome),
-            }
+        let job = || {
+            ClaimJob::new(
+                scope.to_owned(),
+                key.to_owned(),
+                fingerprint.0,
+                ttl_ms,
+                digest.clone(),
+                to_i64(extras.max_live_keys.unwrap_or(0)),
+            )
+        };
+        let outcome = inner.claims.submit(job()).await?;
+        if !matches!(outcome, Claim::QuotaExceeded { .. }) {
+            return Ok(outcome);
         }
+        // Refused by the quota: the scope's expired keys still count until the cleanup removes
+        // them. Delete them now and, if that freed a place, try once more.
+        let freed = inner
+            .with_retry("claim", |c| async move {
+                let row = inner
+                    .sql
+                    .purge_scope
+                    .query_one(&c, inner.pooling, &[&scope])
+                    .await?;
+                Ok(row.try_get::<_, i64>(0)?)
+            })
+            .await?;
+        if freed == 0 {
+            return Ok(outcome);
+        }
+        inner.claims.submit(job()).await
     }
 
     async fn complete(
@@ -230,71 +172,32 @@ impl IdempotencyStore for PostgresBackend {
         records: &[RecordWrite],
     ) -> Result<(), StoreError> {
         check_response(response)?;
-        let arrays = &WriteArrays::new(records)?;
-        let headers = &encode_headers(&response.headers);
-        let body: &[u8] = &response.body;
-        let status = i32::from(response.status);
-        let fence = fence_of(token);
-        let (scope, key) = (token.scope.as_str(), token.key.as_str());
-        let inner = &*self.inner;
-        inner
-            .with_retry("complete", |mut c| async move {
-                let (complete, pooling) = (&inner.sql.complete, inner.pooling);
-                let a = arrays;
-                let params: [&(dyn ToSql + Sync); 11] = [
-                    &scope,
-                    &key,
-                    &fence,
-                    &status,
-                    headers,
-                    &body,
-                    &a.ns,
-                    &a.keys,
-                    &a.values,
-                    &a.after_ms,
-                    &a.at_ms,
-                ];
-                if a.del_ns.is_empty() {
-                    // One statement: the response and the puts, or nothing.
-                    let row = complete.query_one(&c, pooling, &params).await?;
-                    if row.try_get::<_, i64>(0)? == 0 {
-                        return Err(lease_lost(token));
-                    }
-                    return Ok(());
-                }
-                // With removals: the same statement, then the deletes, in one transaction.
-                let tx = c.transaction().await?;
-                let row = complete.query_one(&tx, pooling, &params).await?;
-                if row.try_get::<_, i64>(0)? == 0 {
-                    tx.rollback().await?;
-                    return Err(lease_lost(token));
-                }
-                inner
-                    .sql
-                    .delete_records
-                    .query(&tx, pooling, &[&a.del_ns, &a.del_keys])
-                    .await?;
-                tx.commit().await?;
-                Ok(())
+        let (puts, removals) = owned_writes(records)?;
+        self.inner
+            .finishes
+            .submit(FinishJob {
+                scope: token.scope.clone(),
+                key: token.key.clone(),
+                fence: fence_of(token),
+                finish: Finish::Complete {
+                    status: i32::from(response.status),
+                    headers: encode_headers(&response.headers),
+                    body: response.body.clone(),
+                    puts,
+                    removals,
+                },
             })
             .await
     }
 
     async fn release(&self, token: &HeldClaim) -> Result<(), StoreError> {
-        let inner = &*self.inner;
-        let fence = fence_of(token);
-        let (scope, key) = (token.scope.as_str(), token.key.as_str());
-        inner
-            .with_retry("release", |c| async move {
-                let row = inner
-                    .sql
-                    .release
-                    .query_one(&c, inner.pooling, &[&scope, &key, &fence])
-                    .await?;
-                match row.try_get::<_, i64>(0)? {
-                    0 => Err(lease_lost(token)),
-                    _ => Ok(()),
-                }
+        self.inner
+            .finishes
+            .submit(FinishJob {
+                scope: token.scope.clone(),
+                key: token.key.clone(),
+                fence: fence_of(token),
+                finish: Finish::Release,
             })
             .await
     }
@@ -432,39 +335,22 @@ impl IdempotencyStore for PostgresBackend {
     ) -> Result<InsertOnce, StoreError> {
         check_write(write)?;
         check_text("counter name", counter, MAX_NAMESPACE)?;
-        let Some(value) = write.value.as_deref() else {
+        let Some(value) = write.value.clone() else {
             return Err(StoreError::Rejected(
                 "insert_once needs a value, not a removal".into(),
             ));
         };
-        let (after, at) = expiry_params(write.expiry);
-        let (namespace, key) = (write.namespace, write.key.as_str());
-        let inner = &*self.inner;
-        inner
-            .with_retry("insert_once", |c| async move {
-                let row = inner
-                    .sql
-                    .insert_once
-                    .query_one(
-                        &c,
-                        inner.pooling,
-                        &[&namespace, &key, &value, &after, &at, &counter],
-                    )
-                    .await?;
-                if row.try_get::<_, bool>("inserted")? {
-                    return Ok(InsertOnce::Inserted);
-                }
-                match row.try_get::<_, Option<Vec<u8>>>("existing")? {
-                    Some(v) => {
-                        // The record shown may have committed without its flush (see `sql`).
-                        inner.sql.flush_wal.query(&c, inner.pooling, &[]).await?;
-                        Ok(InsertOnce::Existing(Bytes::from(v)))
-                    }
-                    // Not inserted, yet no live record in this statement's snapshot: a concurrent
-                    // insert committed after the snapshot, or the snapshot's record had expired
-                    // and another call replaced it. Look again.
-                    None => Err(Fail::Stale),
-                }
+        let (after_ms, at_ms) = expiry_params(write.expiry);
+        self.inner
+            .inserts
+            .submit(InsertJob {
+                namespace: write.namespace,
+                key: write.key.clone(),
+                value,
+                after_ms,
+                at_ms,
+                counter,
+                general: Default::default(),
             })
             .await
     }
@@ -561,7 +447,9 @@ impl IdempotencyStore for PostgresBackend {
     }
 
     fn histograms(&self) -> Vec<HistogramMetric> {
-        self.inner.latency.snapshot()
+        let mut all = self.inner.latency.snapshot();
+        all.extend(self.inner.batch_sizes.snapshot());
+        all
     }
 
     fn kind(&self) -> &'static str {
