@@ -43,6 +43,13 @@ pub struct Config {
     #[arg(long, env = "IDEMLOG_DATABASE_POOL_SIZE", default_value_t = 16)]
     pub database_pool_size: usize,
 
+    /// Batch writers per kind of write (claims; completions and releases; the provider's
+    /// records): each sends what queued while its previous statement was in flight as one
+    /// statement, so concurrent requests share statements and commits. Requests are routed to a
+    /// writer by their key.
+    #[arg(long, env = "IDEMLOG_DATABASE_WRITERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub database_writers: u16,
+
     /// A connection pooler between this server and PostgreSQL: `transaction` for PgBouncer's
     /// `pool_mode = transaction` (unnamed statements, no start-up options; set
     /// `statement_timeout` on the role instead). A server that refuses the start-up options, as
@@ -466,6 +473,7 @@ mod tests {
         assert_eq!(c.retry_after, Duration::from_secs(1));
         assert_eq!(c.database_schema, "idemlog");
         assert_eq!(c.database_pool_size, 16);
+        assert_eq!(c.database_writers, 1);
         assert_eq!(c.database_pool_wait, Duration::from_secs(2));
         assert_eq!(c.durability, DurabilityArg::Sync);
         assert_eq!(c.max_body_bytes, 65_536);

@@ -257,6 +257,7 @@ async fn open_postgres(config: &Config, url: &str) -> Result<StoreHandle, Server
         .schema(config.database_schema.clone())
         .lease(config.lease)
         .pool_size(config.database_pool_size)
+        .writers(usize::from(config.database_writers))
         .pooling(config.database_pooler.into());
     pg.pool_wait_timeout = config.database_pool_wait;
     let database = redacted_url(url);
