@@ -57,7 +57,7 @@ const MIGRATIONS: &[Migration] = &[
         CREATE SEQUENCE IF NOT EXISTS {s}.fence_seq;
     ",
     },
-    // Issue 13: the request digest of a key (to name the fields a reused key differs in), and the
+    // Version 2: the request digest of a key (to name the fields a reused key differs in), and the
     // per-scope row count behind `--max-live-keys-per-account`. `scope_counts.live` is the number
     // of `keys` rows of the scope, live or expired-but-not-yet-deleted; claim, release, cleanup
     // and the quota's purge keep it so in the statements that insert or delete those rows.
@@ -75,8 +75,8 @@ const MIGRATIONS: &[Migration] = &[
             ON CONFLICT (scope) DO UPDATE SET live = EXCLUDED.live;
     ",
     },
-    // Issue 22: counters spread over stripes (`sql::COUNTER_STRIPES` rows per name, summed on
-    // read), so concurrent charges do not all update one row. The existing row becomes stripe 0.
+    // Version 3: counters spread over stripes (`sql::COUNTER_STRIPES` rows per name, summed on
+    // read), so concurrent increments do not all update one row. The existing row becomes stripe 0.
     Migration {
         version: 3,
         sql: "

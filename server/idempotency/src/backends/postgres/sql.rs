@@ -198,10 +198,11 @@ impl Statements {
             // (`synchronous_commit = off`, transaction-local). This is safe because WAL is
             // flushed in order: the request that made a claim answers only after its completion
             // or release, whose synchronous commit flushes every earlier commit record too, the
-            // claim's included. A crash before that can lose the claim (and the provider's
-            // record, written the same way), together with a request that never got an answer:
-            // the key then runs again, and the provider's record of the downstream key is gone
-            // with it, so nothing is charged twice. When an answer shows somebody else's claim
+            // claim's included. A crash before that can lose the claim (and any write-once
+            // record the request made, written the same way), together with a request that never
+            // got an answer: the key then runs again, and a downstream dedup record derived from
+            // it is gone with it, so the downstream effect still happens once. When an answer
+            // shows somebody else's claim
             // in progress (a 409, or a mismatch with an in-progress key) the statement instead
             // keeps the session's `synchronous_commit` and takes a transaction id, so its commit
             // writes a commit record and waits for the flush that makes the shown claim durable:
@@ -487,7 +488,7 @@ impl Statements {
             // snapshot shows none although the insert found one: the caller looks again).
             //
             // Commits without waiting for its WAL flush, like `claim` and for the same reason:
-            // the provider's record is written inside a request that answers only after a
+            // a write-once record is written inside a request that answers only after a
             // synchronous completion or release. When it shows an existing record, which may
             // itself have committed without its flush, it commits with the session's setting and
             // a transaction id instead, so its commit waits for that record to be durable. Each
