@@ -70,6 +70,7 @@ pub mod fingerprint;
 pub mod fuzzing;
 pub mod key;
 pub mod layer;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 mod outcome;
 pub mod problem;

@@ -45,30 +45,31 @@ pub struct Problem {
 
 /// The JSON body of every problem, as serialised: the OpenAPI document's schema of every 4xx and
 /// 5xx is generated from this type, so the two cannot drift apart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProblemDetails {
     /// `urn:idemlog:problem:{slug}`.
     #[serde(rename = "type")]
-    #[schema(example = "urn:idemlog:problem:request-in-progress")]
+    #[cfg_attr(feature = "openapi", schema(example = "urn:idemlog:problem:request-in-progress"))]
     pub kind: String,
     /// Summary that does not change from occurrence to occurrence.
     pub title: String,
     /// The HTTP status.
-    #[schema(minimum = 400, maximum = 599)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 400, maximum = 599))]
     pub status: u16,
     /// This occurrence.
     pub detail: String,
     /// The id of the request that produced this body (its `X-Request-Id`). On a replayed response
     /// it is the id of the original request, not of the replaying one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub request_id: Option<String>,
     /// For a 422 mismatch: sorted JSON Pointers (RFC 6901) of the body members that differ from
     /// the request the key was first used with, plus `method`, `path`, `query`, `content-type`
     /// when those differ, and `""` when the bodies cannot be compared member by member. Never
     /// values. Absent when the first request's members were not kept.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub differing_fields: Option<Vec<String>>,
 }
 

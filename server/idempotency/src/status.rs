@@ -33,7 +33,8 @@ pub struct KeyStatusState {
 }
 
 /// State of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum KeyStateName {
     /// A request with this key is running.
@@ -44,28 +45,29 @@ pub enum KeyStateName {
 
 /// The body of a `200` from `GET /idempotency-keys/{key}`: the state of one of the caller's keys.
 /// Members are declared in alphabetical order, so the JSON is written in that order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct KeyStatus {
     /// When the key was first claimed (RFC 3339, UTC, milliseconds).
-    #[schema(format = DateTime, example = "2025-01-01T12:00:00.123Z")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime, example = "2025-01-01T12:00:00.123Z"))]
     pub created_at: String,
     /// When the key expires and may be reused (RFC 3339, UTC, milliseconds).
-    #[schema(format = DateTime, example = "2025-01-02T12:00:00.123Z")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime, example = "2025-01-02T12:00:00.123Z"))]
     pub expires_at: String,
     /// The key (the stored form: without structured-field quotes).
-    #[schema(example = "order-42")]
+    #[cfg_attr(feature = "openapi", schema(example = "order-42"))]
     pub key: String,
     /// Completed with a `Location`: where the created resource is.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub location: Option<String>,
     /// Completed: the status of the stored response.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, minimum = 100, maximum = 599)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 100, maximum = 599))]
     pub response_status: Option<u16>,
     /// In progress: whole seconds (at least 1) before a retry may succeed, the 409's hint.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, minimum = 1)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 1))]
     pub retry_after: Option<u64>,
     /// In progress or completed.
     pub state: KeyStateName,
