@@ -38,8 +38,10 @@
 //! ```
 //!
 //! Durability modes and what each survives are described on [`Durability`]; the on-disk format and the
-//! argument why every crash leaves a recoverable log are in `FORMAT.md`.
+//! argument why every crash leaves a recoverable log are in `FORMAT.md`, and which writes wait for
+//! the disk in `DURABILITY.md`, both shipped with the crate's source.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 

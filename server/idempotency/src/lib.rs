@@ -61,6 +61,7 @@
 //! `prometheus-client` registry under names this crate owns (`idempotency_requests_total`,
 //! `idemlog_*`); the caller keeps its own metrics.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod backends;

@@ -50,7 +50,10 @@ pub struct Problem {
 pub struct ProblemDetails {
     /// `urn:idemlog:problem:{slug}`.
     #[serde(rename = "type")]
-    #[cfg_attr(feature = "openapi", schema(example = "urn:idemlog:problem:request-in-progress"))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "urn:idemlog:problem:request-in-progress")
+    )]
     pub kind: String,
     /// Summary that does not change from occurrence to occurrence.
     pub title: String,

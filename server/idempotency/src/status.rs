@@ -63,7 +63,10 @@ pub struct KeyStatus {
     pub location: Option<String>,
     /// Completed: the status of the stored response.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 100, maximum = 599))]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 100, maximum = 599)
+    )]
     pub response_status: Option<u16>,
     /// In progress: whole seconds (at least 1) before a retry may succeed, the 409's hint.
     #[serde(skip_serializing_if = "Option::is_none")]
