@@ -51,16 +51,12 @@ mod codec;
 mod compaction;
 mod dir_lock;
 mod error;
-#[doc(hidden)]
-pub mod fuzzing;
 mod index;
 mod limits;
 mod log;
 mod maintenance;
 mod manifest;
 mod metrics;
-#[doc(hidden)]
-pub mod model;
 mod options;
 mod pending;
 mod quota;
@@ -71,6 +67,8 @@ mod response;
 mod side;
 pub mod storage;
 mod store;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 mod verify;
 
 pub use claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, RequestDigest, Takeover};

@@ -879,8 +879,8 @@ impl Store {
 
     /// Checks that the running counts behind [`Store::metrics`] equal a walk of the whole index.
     /// Exact only while no other thread writes. For tests (the engine's model test calls it after
-    /// every step).
-    #[doc(hidden)]
+    /// every step). Feature `testkit`.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn check_running_counts(&self) -> std::result::Result<(), String> {
         let core = &*self.core;
         let (records, walked) = (core.records.counts(), core.records.walk_counts());

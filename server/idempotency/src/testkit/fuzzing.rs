@@ -1,5 +1,6 @@
-//! Entry points for the fuzz targets in `fuzz/` that attack what the server reads from the wire, and
-//! for the test that replays their corpus (`tests/fuzz_corpus.rs`). Not part of the stable API.
+//! Entry points for fuzz targets (cargo-fuzz in this repository's `fuzz/`) that attack what the
+//! layer reads from the wire, and for the tests that replay a committed corpus. Not part of the
+//! stable API.
 //!
 //! Each function takes arbitrary bytes and panics when an invariant fails; the fuzzer reports the panic
 //! as a crash.
