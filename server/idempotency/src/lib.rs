@@ -67,7 +67,6 @@
 //! - `testkit`: the backend conformance suite and the fuzz entry points (not a stable API).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![warn(missing_docs)]
 
 pub mod backends;
 pub mod digest;
