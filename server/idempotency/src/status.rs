@@ -9,7 +9,7 @@
 //! one that expired and one of another scope are the same 404. Reading never claims, extends,
 //! releases or changes anything: it is one [`IdempotencyStore::get`](crate::IdempotencyStore::get).
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Extension, Path, State};
@@ -138,29 +138,15 @@ pub async fn key_status(
     Json(body).into_response()
 }
 
+/// The last millisecond humantime writes (the end of year 9999); a later instant is shown as it.
+const LATEST_MS: u64 = 253_402_300_800_000 - 1;
+
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond
-/// (`2023-11-14T22:13:20.000Z`).
+/// (`2023-11-14T22:13:20.000Z`), by humantime. Instants past year 9999 (which humantime refuses to
+/// write) are shown as its last millisecond.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let at = UNIX_EPOCH + Duration::from_millis(ms.min(LATEST_MS));
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 #[cfg(test)]
@@ -173,5 +159,11 @@ mod tests {
         assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
+    }
+
+    #[test]
+    fn rfc3339_past_year_9999_is_its_last_millisecond_not_a_panic() {
+        assert_eq!(rfc3339(LATEST_MS), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59.999Z");
     }
 }
