@@ -6,6 +6,12 @@
 //! `0.1000000000000000001` stay different): a client that re-serialises the same JSON gets the same
 //! bytes, while no two different amounts can meet in a rounded float. The canonical form of a
 //! canonical form is itself.
+//!
+//! Kept rather than an RFC 8785 (JCS) crate because it is needed as it is: JCS writes every number
+//! as an IEEE 754 double (ECMAScript's `Number`), so `0.1000000000000000001` and `0.1`, or two
+//! amounts past 2^53, would get one canonical form and one fingerprint, and a request with a
+//! different amount would be answered with another request's stored response. Here numbers keep
+//! their exact decimal value; only their layout follows ECMAScript's.
 
 use super::document::Json;
 
