@@ -99,7 +99,7 @@ pub struct Config {
     /// as many requests wait as recently came together (three quarters of the recent peak, at most
     /// `--group-commit-batch`) or the first has waited this long. Each fdatasync
     /// costs the same CPU however much it covers, so with many more concurrent clients than the
-    /// batch this saves CPU per request; with a few clients it costs throughput (BENCHMARKS.md,
+    /// batch this saves CPU per request; with a few clients it costs throughput (benches/NOTEBOOK.md,
     /// issue 23).
     #[arg(long, env = "IDEMLOG_GROUP_COMMIT_WAIT", default_value = "0ms", value_parser = parse_group_commit_wait)]
     pub group_commit_wait: Duration,
@@ -142,7 +142,7 @@ pub struct Config {
     /// Threads that run requests (the async runtime's workers). Default: one per CPU. The store's
     /// own threads (the log's flusher, the maintenance thread, the log writer) come on top; on a
     /// machine of few cores shared with other busy processes, one fewer worker than cores can
-    /// cost less CPU per request (BENCHMARKS.md, issue 23). At most 1024: each is an OS thread
+    /// cost less CPU per request (benches/NOTEBOOK.md, issue 23). At most 1024: each is an OS thread
     /// started up front.
     #[arg(long, env = "IDEMLOG_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS))]
     pub worker_threads: Option<u16>,

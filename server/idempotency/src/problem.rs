@@ -256,7 +256,7 @@ impl<S> Layer<S> for ProblemJsonLayer {
 /// The service of [`ProblemJsonLayer`]. A response that needs no rewrite (every success, every
 /// problem already) passes through its future without an allocation; only a rewrite, which reads
 /// the body, runs in a boxed future. (`axum::middleware::map_response` boxes a future for every
-/// response: BENCHMARKS.md, issue 23's eleventh step.)
+/// response: the repository's benches/NOTEBOOK.md, "no `from_fn` on the request path".)
 #[derive(Debug, Clone)]
 pub struct ProblemJson<S> {
     inner: S,
