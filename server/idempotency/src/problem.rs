@@ -1,6 +1,7 @@
-//! RFC 9457 problem details: the one shape every error response of this server takes.
+//! RFC 9457 problem details: the one shape of every error response the layer writes, and of every
+//! other one an application routes through [`ProblemJsonLayer`].
 //!
-//! A [`Problem`] carries the four members the issue requires (`type`, `title`, `status`, `detail`) and
+//! A [`Problem`] carries the four members clients rely on (`type`, `title`, `status`, `detail`) and
 //! renders as `application/problem+json`. [`ProblemJsonLayer`] is a last-line middleware that turns
 //! any other error response (axum's own 404/405/413 rejections, a bare status from a handler) into one,
 //! so clients can rely on the media type for every 4xx and 5xx.
