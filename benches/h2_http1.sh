@@ -11,7 +11,7 @@
 #            lookup, stored response) through the idempotency layer;
 #   one-off  --idempotency off, no key: every request is a new charge and a new payment record,
 #            the handler's write path without the layer.
-# And for reference the new-key load of BENCHMARKS.md, with wrk only (benches/tools/new-key.lua).
+# And for reference the new-key load of benches/NOTEBOOK.md, with wrk only (benches/tools/new-key.lua).
 # Every server: --gateway-latency 0ms, RUST_LOG=warn, a fresh data directory, durability sync.
 set -euo pipefail
 cd "$(dirname "$0")/.."

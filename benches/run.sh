@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark behind BENCHMARKS.md and keeps their output in $OUT
+# Runs every benchmark behind benches/NOTEBOOK.md and keeps their output in $OUT
 # (default: $CARGO_TARGET_DIR/bench-results). Takes about ten minutes on a 2-core machine:
 # ~4 min for `cargo bench`, ~2 min for the soaks, ~3 min for the HTTP runs, plus the build.
 # Run it on an otherwise idle machine: other builds or fuzzers distort every figure.

@@ -5,7 +5,7 @@
 //! The criterion benchmarks are in `benches/store/`; the binaries in `src/bin/` are the HTTP load
 //! generators (`loadgen`: layer on vs off; `durable_http`: durability sync vs none, closed and open
 //! loop, fdatasyncs per request), the steady-state soak (`soak`), index memory per key (`keymem`)
-//! and the table builder (`report`). `BENCHMARKS.md` at the repository root has the commands and
+//! and the table builder (`report`). `benches/NOTEBOOK.md` has the commands and
 //! results.
 
 use std::collections::HashMap;

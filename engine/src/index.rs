@@ -535,6 +535,7 @@ impl<V: Tally> Sharded<V> {
     }
 
     /// The same figures counted by visiting every entry (tests compare it with [`Sharded::counts`]).
+    #[cfg(any(test, feature = "testkit"))]
     pub(crate) fn walk_counts(&self) -> CountsSnapshot {
         let mut sum = CountsSnapshot::default();
         self.for_each_chunked(|v| {

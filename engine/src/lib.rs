@@ -1,8 +1,8 @@
 //! idemlog: an embedded store for HTTP `Idempotency-Key` records.
 //!
-//! A payment API must survive retries: the client sends one key per business operation, the server
-//! atomically claims `(scope, key)`, runs the handler once, stores the final response, and replays it
-//! to every retry. This crate is the storage half of that: an append-only, CRC-framed log on disk
+//! An API whose `POST` must not run twice (an order, a transfer) must survive retries: the client
+//! sends one key per business operation, the server atomically claims `(scope, key)`, runs the
+//! handler once, stores the final response, and replays it to every retry. This crate is the storage half of that: an append-only, CRC-framed log on disk
 //! plus a sharded in-memory index, giving atomic [`Store::claim`] / [`Store::complete`] /
 //! [`Store::release`] with TTL expiry, leases with fencing tokens for stuck claims, group commit, and
 //! crash recovery.
@@ -21,8 +21,8 @@
 //! let ClaimOutcome::Acquired(token) = store.claim(b"acct_1", b"order-42", &fp, ttl)? else {
 //!     unreachable!("a fresh key is always acquired");
 //! };
-//! let response = StoredResponse::new(201, r#"{"id":"pay_1"}"#).with_header("Location", "/payments/pay_1");
-//! store.complete(&token, &response, &[SideWrite::put("payments", "pay_1", r#"{"amount":100}"#)])?;
+//! let response = StoredResponse::new(201, r#"{"id":"ord_1"}"#).with_header("Location", "/orders/ord_1");
+//! store.complete(&token, &response, &[SideWrite::put("orders", "ord_1", r#"{"qty":1}"#)])?;
 //!
 //! // A retry of the same request gets the stored response back, byte for byte.
 //! match store.claim(b"acct_1", b"order-42", &fp, ttl)? {
@@ -38,10 +38,10 @@
 //! ```
 //!
 //! Durability modes and what each survives are described on [`Durability`]; the on-disk format and the
-//! argument why every crash leaves a recoverable log are in `FORMAT.md`.
+//! argument why every crash leaves a recoverable log are in `FORMAT.md`, and which writes wait for
+//! the disk in `DURABILITY.md`, both shipped with the crate's source.
 
-#![forbid(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod claim;
 mod clock;
@@ -49,16 +49,12 @@ mod codec;
 mod compaction;
 mod dir_lock;
 mod error;
-#[doc(hidden)]
-pub mod fuzzing;
 mod index;
 mod limits;
 mod log;
 mod maintenance;
 mod manifest;
 mod metrics;
-#[doc(hidden)]
-pub mod model;
 mod options;
 mod pending;
 mod quota;
@@ -69,6 +65,8 @@ mod response;
 mod side;
 pub mod storage;
 mod store;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 mod verify;
 
 pub use claim::{ClaimOptions, ClaimOutcome, ClaimToken, Fingerprint, RequestDigest, Takeover};

@@ -1,5 +1,6 @@
 //! Side records: plain (namespace, key) → bytes entries that commit in the same atomic append as a
-//! completion, so that a business write (the payment) and the idempotency record are never apart.
+//! completion, so that a business write (the order a request created) and the idempotency record
+//! are never apart.
 
 use std::time::Duration;
 

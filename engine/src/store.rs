@@ -60,8 +60,8 @@ pub(crate) struct Core {
     pub(crate) writer: Arc<LogWriter>,
     pub(crate) records: Sharded<Entry>,
     /// Sharded like `records`: one table would hold every side record, and growing it rehashes all
-    /// of them under the lock every payment needs (15 ms at 0.9 M entries, twice as long at each
-    /// doubling). A write to several side keys locks their shards together
+    /// of them under the lock every completion with business records needs (15 ms at 0.9 M entries,
+    /// twice as long at each doubling). A write to several side keys locks their shards together
     /// ([`Sharded::lock_shards`]), so it still applies atomically.
     pub(crate) side: Sharded<SideEntry>,
     /// Live records per scope, for [`ClaimOptions::max_live_per_scope`]. Lock order: a record
@@ -879,8 +879,8 @@ impl Store {
 
     /// Checks that the running counts behind [`Store::metrics`] equal a walk of the whole index.
     /// Exact only while no other thread writes. For tests (the engine's model test calls it after
-    /// every step).
-    #[doc(hidden)]
+    /// every step). Feature `testkit`.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn check_running_counts(&self) -> std::result::Result<(), String> {
         let core = &*self.core;
         let (records, walked) = (core.records.counts(), core.records.walk_counts());

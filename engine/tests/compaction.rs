@@ -9,7 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, TTL, TempDir, acquire, created, fp};
-use idemlog::storage::{CrashMode, FaultyStorage, FsStorage};
+use idemlog::storage::FsStorage;
+use idemlog::testkit::{CrashMode, FaultyStorage};
 use idemlog::{ClaimOutcome, CompactionPolicy, Durability, Options, Record, SideWrite, Store};
 
 const KEYS: usize = 60;
@@ -375,7 +376,7 @@ fn files_ending(f: &Fixture, suffix: &str) -> Vec<std::path::PathBuf> {
 
 #[test]
 fn compaction_failing_before_its_manifest_rename_leaves_the_store_serving() {
-    use idemlog::storage::FaultOp;
+    use idemlog::testkit::FaultOp;
     let steps = [
         (FaultOp::Create, ".cseg", 1),
         (FaultOp::Write, ".cseg", 2),
@@ -416,7 +417,7 @@ fn compaction_failing_before_its_manifest_rename_leaves_the_store_serving() {
 
 #[test]
 fn compaction_failing_at_its_manifest_rename_or_the_directory_sync_after_it_poisons_the_store() {
-    use idemlog::storage::FaultOp;
+    use idemlog::testkit::FaultOp;
     for (op, suffix, nth) in [
         (FaultOp::Rename, "MANIFEST.tmp", 1),
         (FaultOp::SyncDir, "", 2),

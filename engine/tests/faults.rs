@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, TTL, acquire, created, fp};
-use idemlog::storage::{CrashMode, FaultOp};
+use idemlog::testkit::{CrashMode, FaultOp};
 use idemlog::{ClaimOutcome, Durability, Error, SideWrite, Store};
 
 #[test]

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use idemlog::fuzzing;
+use idemlog::testkit::fuzzing;
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

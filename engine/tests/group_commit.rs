@@ -12,7 +12,7 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use common::{Fixture, TTL, fp};
-use idemlog::storage::CrashMode;
+use idemlog::testkit::CrashMode;
 use idemlog::{ClaimOptions, ClaimOutcome, Deferred, GroupCommit, Options, Store};
 
 /// Far longer than any test may take, so that a wait that ran it out shows as a failure.

@@ -1,13 +1,13 @@
 //! Model-based test: random sequences of claims, completions, releases, extensions, clock moves,
 //! reopens, crashes (process, power loss, torn tail), failing writes or fsyncs, sweeps and compactions,
 //! checked step by step
-//! against the in-memory reference model in `idemlog::model`. After every crash every acknowledged
+//! against the in-memory reference model in `idemlog::testkit::model`. After every crash every acknowledged
 //! operation must be present, and an operation whose I/O failed must be entirely there or entirely
 //! absent. Unacknowledged writes (claims and side records whose wait was skipped, as the server
 //! skips them) may be lost only as a suffix, and never once a later write was acknowledged or the
 //! record was shown.
 
-use idemlog::model::{Simulation, Step};
+use idemlog::testkit::model::{Simulation, Step};
 use proptest::prelude::*;
 
 fn step() -> impl Strategy<Value = Step> {

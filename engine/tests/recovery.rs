@@ -5,7 +5,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{Fixture, TTL, TempDir, acquire, created, fp, raw_frame};
-use idemlog::storage::{CrashMode, FsStorage};
+use idemlog::storage::FsStorage;
+use idemlog::testkit::CrashMode;
 use idemlog::{ClaimOutcome, Corruption, Error, Options, SideWrite, Store};
 
 #[test]

@@ -9,7 +9,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use idemlog::storage::{FaultyStorage, Storage};
+use idemlog::storage::Storage;
+use idemlog::testkit::FaultyStorage;
 use idemlog::{Corruption, Error, ManualClock, Options, Store};
 
 const DIR: &str = "/data";

@@ -1,4 +1,4 @@
-//! Idempotency-Key header parsing (see `idemlog_idempotency::fuzzing::idempotency_key`).
+//! Idempotency-Key header parsing (see `idemlog_idempotency::testkit::fuzzing::idempotency_key`).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog_idempotency::fuzzing::idempotency_key(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog_idempotency::testkit::fuzzing::idempotency_key(data));

@@ -1,4 +1,4 @@
-//! JSON canonicalisation and request fingerprints (see `idemlog_idempotency::fuzzing::json_fingerprint`).
+//! JSON canonicalisation and request fingerprints (see `idemlog_idempotency::testkit::fuzzing::json_fingerprint`).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog_idempotency::fuzzing::json_fingerprint(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog_idempotency::testkit::fuzzing::json_fingerprint(data));

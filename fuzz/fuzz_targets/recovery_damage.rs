@@ -1,4 +1,4 @@
-//! Opening a valid log after truncation, flipped bytes or appended garbage (see `idemlog::fuzzing::recover_damaged`).
+//! Opening a valid log after truncation, flipped bytes or appended garbage (see `idemlog::testkit::fuzzing::recover_damaged`).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog::fuzzing::recover_damaged(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog::testkit::fuzzing::recover_damaged(data));

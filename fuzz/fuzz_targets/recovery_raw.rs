@@ -1,4 +1,4 @@
-//! Opening a data directory whose files hold arbitrary bytes (see `idemlog::fuzzing::recover_files`).
+//! Opening a data directory whose files hold arbitrary bytes (see `idemlog::testkit::fuzzing::recover_files`).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog::fuzzing::recover_files(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idemlog::testkit::fuzzing::recover_files(data));

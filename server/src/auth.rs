@@ -165,7 +165,7 @@ impl<S> Layer<S> for RequireAccountLayer {
 /// success the request carries the [`Account`] and the idempotency [`Scope`] derived from it.
 ///
 /// A service of its own rather than `axum::middleware::from_fn`, which clones the whole service
-/// below it and boxes two futures on every request (BENCHMARKS.md, issue 23's eleventh step).
+/// below it and boxes two futures on every request (benches/NOTEBOOK.md, issue 23's eleventh step).
 #[derive(Clone)]
 pub struct RequireAccount<S> {
     inner: S,

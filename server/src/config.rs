@@ -106,7 +106,7 @@ pub struct Config {
     /// as many requests wait as recently came together (three quarters of the recent peak, at most
     /// `--group-commit-batch`) or the first has waited this long. Each fdatasync
     /// costs the same CPU however much it covers, so with many more concurrent clients than the
-    /// batch this saves CPU per request; with a few clients it costs throughput (BENCHMARKS.md,
+    /// batch this saves CPU per request; with a few clients it costs throughput (benches/NOTEBOOK.md,
     /// issue 23).
     #[arg(long, env = "IDEMLOG_GROUP_COMMIT_WAIT", default_value = "0ms", value_parser = parse_group_commit_wait)]
     pub group_commit_wait: Duration,
@@ -149,7 +149,7 @@ pub struct Config {
     /// Threads that run requests (the async runtime's workers). Default: one per CPU. The store's
     /// own threads (the log's flusher, the maintenance thread, the log writer) come on top; on a
     /// machine of few cores shared with other busy processes, one fewer worker than cores can
-    /// cost less CPU per request (BENCHMARKS.md, issue 23). At most 1024: each is an OS thread
+    /// cost less CPU per request (benches/NOTEBOOK.md, issue 23). At most 1024: each is an OS thread
     /// started up front.
     #[arg(long, env = "IDEMLOG_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=MAX_WORKER_THREADS))]
     pub worker_threads: Option<u16>,
@@ -348,32 +348,14 @@ impl Config {
     }
 }
 
-/// Parses `250ms`, `2s`, `30s`, `5m`, `24h`, `7d` (and `0ms`).
+/// Parses `250ms`, `2s`, `30s`, `5m`, `24h`, `7d` (and `0ms`), with humantime's grammar (which
+/// also takes `1.5s`, `1h 30m`, `2days` and the like).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("duration {text:?} needs a unit: ms, s, m, h or d"))?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("duration {text:?} must start with a whole number"))?;
-    let per_unit_ms: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} in {text:?}: use ms, s, m, h or d"
-            ));
-        }
-    };
-    let ms = n
-        .checked_mul(per_unit_ms)
-        .ok_or_else(|| format!("duration {text:?} is too long"))?;
-    Ok(Duration::from_millis(ms))
+    humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "duration {text:?}: {e}: write a whole number and a unit, such as 250ms, 30s or 24h"
+        )
+    })
 }
 
 /// [`parse_duration`], refusing zero (TTLs, leases, intervals).
@@ -434,11 +416,14 @@ mod tests {
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        // humantime's grammar also takes fractions and sums.
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
     }
 
     #[test]
-    fn durations_without_a_whole_number_and_unit_are_refused() {
-        for bad in ["30", "", "s", "1.5s", "10x", "-1s", "99999999999999999999d"] {
+    fn durations_without_a_number_and_unit_are_refused() {
+        for bad in ["30", "", "s", "10x", "-1s", "99999999999999999999d"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
         }
     }

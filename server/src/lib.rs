@@ -13,8 +13,6 @@
 //! - [`serve`]: HTTP/1.1 serving with header, body and idle timeouts, a connection cap and a bounded
 //!   graceful shutdown.
 
-#![warn(missing_docs)]
-
 pub mod auth;
 pub mod config;
 pub mod log_buffer;

@@ -6,7 +6,7 @@
 //! interval instead of one per line, and no thread is woken per line: the thread is woken only
 //! when a line lands in an empty buffer while it sleeps on it (idle, it sleeps without a timer).
 //! `tracing-appender`'s non-blocking writer, used before, sends every line as its own channel
-//! message and wakes its thread for nearly every one: measured in BENCHMARKS.md (issue 23, fifth
+//! message and wakes its thread for nearly every one: measured in benches/NOTEBOOK.md (issue 23, fifth
 //! step).
 //!
 //! Invariants:

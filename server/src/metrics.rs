@@ -154,7 +154,7 @@ impl<S> Layer<S> for RecordHttpLayer {
 
 /// The service of [`RecordHttpLayer`]. A service of its own rather than
 /// `axum::middleware::from_fn`, which clones the whole service below it and boxes two futures on
-/// every request (BENCHMARKS.md, issue 23's eleventh step).
+/// every request (benches/NOTEBOOK.md, issue 23's eleventh step).
 #[derive(Clone)]
 pub struct RecordHttp<S> {
     inner: S,

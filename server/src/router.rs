@@ -177,7 +177,7 @@ pub fn router(services: &Services) -> Router {
             }),
         )
         // One `route_layer` call for both: axum boxes each route once per call, and a request clones
-        // every box between it and the handler (BENCHMARKS.md, "Fewer boxed layers").
+        // every box between it and the handler (benches/NOTEBOOK.md, "Fewer boxed layers").
         .route_layer(
             ServiceBuilder::new()
                 .layer(DefaultBodyLimit::max(services.max_body_bytes))

@@ -626,7 +626,7 @@ async fn a_failed_store_reports_unready_then_heals_without_a_restart() {
     assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(refused.header("retry-after").is_some());
     // The cause goes away (space freed): the store reopens by itself.
-    t.fs.crash(idemlog::storage::CrashMode::ProcessOnly);
+    t.fs.crash(idemlog::testkit::CrashMode::ProcessOnly);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while t.get(KEY_A, "/readyz").await.status != StatusCode::OK {
         assert!(
@@ -858,7 +858,7 @@ async fn a_store_reopened_onto_a_still_full_disk_is_not_ready_until_it_can_write
     // space, so only a write tells whether the cause has gone.
     for _ in 0..6 {
         t.fs.fail_op(
-            idemlog::storage::FaultOp::Write,
+            idemlog::testkit::FaultOp::Write,
             ".seg",
             1,
             std::io::ErrorKind::StorageFull,

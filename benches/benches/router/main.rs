@@ -5,7 +5,7 @@
 //! It isolates the user-space CPU a request costs us from the kernel's TCP work and from the load
 //! generator competing for the same two cores, which makes wrk's per-request figures swing by ±15 %
 //! between runs on this machine; a change to the request path shows here at the 1–2 % level first,
-//! and then in the wrk pairs of BENCHMARKS.md. The store runs with `Durability::None` (no fdatasync
+//! and then in the wrk pairs of benches/NOTEBOOK.md. The store runs with `Durability::None` (no fdatasync
 //! wait: that part is the engine's own benchmark, `store`), one caller, one current-thread runtime.
 //!
 //! Groups (one iteration = one request, answered and its body read):

@@ -17,7 +17,7 @@
 //! clock from the common start to the last thread's finish.
 //!
 //! Run with `cargo bench -p idemlog-benches`; `cargo run --release -p idemlog-benches --bin report`
-//! turns criterion's output into the table of BENCHMARKS.md.
+//! turns criterion's output into the table of benches/NOTEBOOK.md.
 
 mod sqlite;
 

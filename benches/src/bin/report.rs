@@ -1,4 +1,4 @@
-//! Builds the tables of BENCHMARKS.md from criterion's output of `cargo bench -p idemlog-benches`:
+//! Builds the tables of benches/NOTEBOOK.md from criterion's output of `cargo bench -p idemlog-benches`:
 //! medians (operations per second, with the median absolute deviation), the engine / SQLite ratios,
 //! the group-commit scaling of durability sync, open times, and issue 5's targets met or missed.
 //!
@@ -173,7 +173,7 @@ fn fmt(v: f64) -> String {
 }
 
 fn main() {
-    let mut flags = Flags::parse("Tables for BENCHMARKS.md from criterion's output.");
+    let mut flags = Flags::parse("Tables for benches/NOTEBOOK.md from criterion's output.");
     let default_dir = std::env::var("CARGO_TARGET_DIR")
         .map(|t| PathBuf::from(t).join("criterion"))
         .unwrap_or_else(|_| PathBuf::from("target/criterion"));

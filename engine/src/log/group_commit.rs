@@ -1,11 +1,11 @@
 //! When the `Sync` committer runs its next fdatasync for the tasks awaiting durability.
 //!
 //! Each fdatasync has a fixed cost that hardly depends on how much it covers: on the 2-core test
-//! machine's virtual disk 33–51 µs of CPU for a write and its fdatasync, 1 KB and 20 KB alike
-//! (BENCHMARKS.md, issue 23's eighth step). Syncing as soon as one task waits
-//! ([`GroupCommit::Immediate`], the default) covers what arrived during the previous fdatasync:
-//! about 5 HTTP requests at 64 connections, so at face value that cost came to 5–9 µs per
-//! request (inside the server fewer fdatasyncs saved less than that: BENCHMARKS.md).
+//! machine's virtual disk 33–51 µs of CPU for a write and its fdatasync, 1 KB and 20 KB alike (the
+//! repository's benches/NOTEBOOK.md, "the fixed cost of an fdatasync", 2026-12-06). Syncing as soon
+//! as one task waits ([`GroupCommit::Immediate`], the default) covers what arrived during the
+//! previous fdatasync: about 5 HTTP requests at 64 connections, so at face value that cost came to
+//! 5–9 µs per request (inside the server fewer fdatasyncs saved less than that: the same notebook).
 //!
 //! [`GroupCommit::Gather`] is PostgreSQL's `commit_delay` with `commit_siblings` in this log's
 //! terms, with a target that follows the callers: once tasks are seen to come together (the
@@ -18,10 +18,11 @@
 //! Nothing here weakens durability: a task still returns only after an fdatasync covered its
 //! frames; only *when* that fdatasync starts moves, by at most `max_wait`.
 //!
-//! The trade-off, measured (BENCHMARKS.md): with many more callers than the target the CPU stays
-//! busy with the others while a batch gathers, so fewer fdatasyncs are a gain; with a few callers
-//! the waits cost some throughput. The gain did not hold up clearly enough on this machine to make
-//! it the default: off by default, a server flag turns it on.
+//! The trade-off, measured (the notebook, "Group commit that gathers, opt-in"): with many more
+//! callers than the target the CPU stays busy with the others while a batch gathers, so fewer
+//! fdatasyncs are a gain; with a few callers the waits cost some throughput. The gain did not hold
+//! up clearly enough on this machine to make it the default: off by default, a server flag turns it
+//! on.
 //!
 //! Pure logic over the times it is given, so the tests drive it without sleeping. The time comes
 //! as a function, called only when gathering needs it: under `Immediate` (the default) nothing

@@ -289,7 +289,8 @@ fn side_id<'a>(d: &mut Decoder<'a>) -> Result<(&'a [u8], &'a [u8]), OpError> {
 }
 
 /// Decodes every operation in a frame payload, each with its offset and length inside the payload.
-/// The payload must be consumed exactly.
+/// The payload must be consumed exactly. For the fuzz entry points (feature `testkit`).
+#[cfg(any(test, feature = "testkit"))]
 pub(crate) fn decode_all(payload: &[u8]) -> Result<Vec<(usize, usize, Op<'_>)>, OpError> {
     let mut ops = Vec::new();
     decode_all_into(payload, &mut ops)?;

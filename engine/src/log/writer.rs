@@ -59,10 +59,11 @@ const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
 /// ext4, a journal commit with its own flush, every time); over bytes that already exist it only
 /// writes data. So a leader whose write runs past the end first extends the file with zeros to the
 /// next multiple of this size, and the following fdatasyncs, until the frames reach the end again,
-/// find no size change. Measured on the 2-core test machine's virtual disk (ext4; BENCHMARKS.md,
-/// issue 23's fourth step): a 3 KB write and fdatasync about 140 µs instead of about 200, sync
-/// claims +38-60 % on one thread and +119-124 % for 64 tasks, and over HTTP in `Sync` 7-8 % less
-/// server CPU per request in alternated wrk runs. Not under `Durability::None`.
+/// find no size change. Measured on the 2-core test machine's virtual disk (ext4; the repository's
+/// benches/NOTEBOOK.md, "Zeros ahead of the log's frames", 2026-12-06): a 3 KB write and fdatasync
+/// about 140 µs instead of about 200, sync claims +38-60 % on one thread and +119-124 % for 64
+/// tasks, and over HTTP in `Sync` 7-8 % less server CPU per request in alternated wrk runs. Not
+/// under `Durability::None`.
 pub(crate) const PREALLOCATE: u32 = 1 << 20;
 
 /// The zeros written ahead ([`PREALLOCATE`]): a zero-initialised static costs no memory until read.

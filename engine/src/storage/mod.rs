@@ -2,11 +2,10 @@
 //!
 //! [`Storage`] and [`StorageFile`] are deliberately small: create, open, list, rename, remove, positional
 //! read and write, fdatasync, directory sync, and an exclusive lock. [`FsStorage`] is the real
-//! implementation; [`FaultyStorage`] is an in-memory file system that keeps durable and unsynced data
-//! apart, so tests can crash at any step, tear the last append, drop unsynced writes and fail fsyncs,
-//! deterministically and without sleeping.
+//! implementation; the `testkit` feature adds `testkit::FaultyStorage`, an in-memory file system that
+//! keeps durable and unsynced data apart, so tests can crash at any step, tear the last append, drop
+//! unsynced writes and fail fsyncs, deterministically and without sleeping.
 
-mod faulty;
 mod fs;
 
 use std::io;
@@ -15,7 +14,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use faulty::{CrashMode, FaultOp, FaultyStorage};
 pub use fs::FsStorage;
 
 /// A file system, as the engine needs it.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemlog::storage::FaultyStorage;
+use idemlog::testkit::FaultyStorage;
 use idemlog::{
     ClaimOutcome, ClaimToken, Durability, Fingerprint, ManualClock, Options, Store, StoredResponse,
 };

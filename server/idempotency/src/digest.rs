@@ -28,10 +28,9 @@ use std::fmt::Write as _;
 
 use axum::http::{HeaderMap, Method};
 use bytes::Bytes;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::fingerprint::{self, FingerprintMode, JsonBody};
+use crate::fingerprint::{self, FingerprintMode, Json, JsonBody};
 
 /// Most leaf members a JSON body may have for its member list to be kept.
 pub const MAX_MEMBERS: usize = 64;
@@ -150,9 +149,9 @@ struct Leaves<'a> {
 
 impl Leaves<'_> {
     /// Adds the leaves under `value` (at `pointer`); `None` once a bound is passed.
-    fn collect(&mut self, value: &Value, pointer: &mut String) -> Option<()> {
+    fn collect(&mut self, value: &Json, pointer: &mut String) -> Option<()> {
         match value {
-            Value::Object(map) if !map.is_empty() => {
+            Json::Object(map) if !map.is_empty() => {
                 for (name, child) in map {
                     let len = pointer.len();
                     pointer.push('/');
@@ -161,7 +160,7 @@ impl Leaves<'_> {
                     pointer.truncate(len);
                 }
             }
-            Value::Array(items) if !items.is_empty() => {
+            Json::Array(items) if !items.is_empty() => {
                 for (i, child) in items.iter().enumerate() {
                     let len = pointer.len();
                     // Writing to a `String` cannot fail.

@@ -50,26 +50,30 @@
 //!
 //! Implement [`IdempotencyStore`]; its module docs ([`store`]) list what every implementation must
 //! guarantee (an atomic claim per `(scope, key)`, fencing tokens, a completion that stores the
-//! response and the business records in one step, durability before `Ok`). The behaviour suite of
-//! the payments server (`server/tests/behaviour.rs`) runs the same scenarios against every backend:
-//! add yours to it. `backends::postgres` (feature `postgres`) is a worked example of a SQL
-//! implementation.
+//! response and the business records in one step, durability before `Ok`). The conformance suite
+//! (feature `testkit`: `testkit::conformance::run`) runs the scenarios the built-in stores pass
+//! against yours, in one call. `backends::postgres` (feature `postgres`) is a worked example of a
+//! SQL implementation.
 //!
-//! # Metrics
+//! # Cargo features
 //!
-//! [`metrics::Snapshot`] adds the layer's outcome counters and the store's own numbers to a
-//! `prometheus-client` registry under names this crate owns (`idempotency_requests_total`,
-//! `idemlog_*`); the caller keeps its own metrics.
+//! None is on by default; each ties an application to a third-party crate:
+//! - `postgres`: `backends::postgres`, the store in PostgreSQL, shared by any number of instances;
+//! - `openapi`: utoipa's `ToSchema` for the bodies the layer writes (`problem::ProblemDetails`,
+//!   `status::KeyStatus`);
+//! - `metrics`: `metrics::Snapshot` adds the layer's outcome counters and the store's own numbers
+//!   to a `prometheus-client` registry under names this crate owns (`idempotency_requests_total`,
+//!   `idemlog_*`); the caller keeps its own metrics;
+//! - `testkit`: the backend conformance suite and the fuzz entry points (not a stable API).
 
-#![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backends;
 pub mod digest;
 pub mod fingerprint;
-#[doc(hidden)]
-pub mod fuzzing;
 pub mod key;
 pub mod layer;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 mod outcome;
 pub mod problem;
@@ -79,6 +83,8 @@ mod scope;
 mod side_records;
 pub mod status;
 pub mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use fingerprint::FingerprintMode;
 pub use key::{IdempotencyKey, KeyError};

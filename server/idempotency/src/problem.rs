@@ -1,6 +1,7 @@
-//! RFC 9457 problem details: the one shape every error response of this server takes.
+//! RFC 9457 problem details: the one shape of every error response the layer writes, and of every
+//! other one an application routes through [`ProblemJsonLayer`].
 //!
-//! A [`Problem`] carries the four members the issue requires (`type`, `title`, `status`, `detail`) and
+//! A [`Problem`] carries the four members clients rely on (`type`, `title`, `status`, `detail`) and
 //! renders as `application/problem+json`. [`ProblemJsonLayer`] is a last-line middleware that turns
 //! any other error response (axum's own 404/405/413 rejections, a bare status from a handler) into one,
 //! so clients can rely on the media type for every 4xx and 5xx.
@@ -45,30 +46,34 @@ pub struct Problem {
 
 /// The JSON body of every problem, as serialised: the OpenAPI document's schema of every 4xx and
 /// 5xx is generated from this type, so the two cannot drift apart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProblemDetails {
     /// `urn:idemlog:problem:{slug}`.
     #[serde(rename = "type")]
-    #[schema(example = "urn:idemlog:problem:request-in-progress")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "urn:idemlog:problem:request-in-progress")
+    )]
     pub kind: String,
     /// Summary that does not change from occurrence to occurrence.
     pub title: String,
     /// The HTTP status.
-    #[schema(minimum = 400, maximum = 599)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 400, maximum = 599))]
     pub status: u16,
     /// This occurrence.
     pub detail: String,
     /// The id of the request that produced this body (its `X-Request-Id`). On a replayed response
     /// it is the id of the original request, not of the replaying one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub request_id: Option<String>,
     /// For a 422 mismatch: sorted JSON Pointers (RFC 6901) of the body members that differ from
     /// the request the key was first used with, plus `method`, `path`, `query`, `content-type`
     /// when those differ, and `""` when the bodies cannot be compared member by member. Never
     /// values. Absent when the first request's members were not kept.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub differing_fields: Option<Vec<String>>,
 }
 
@@ -252,7 +257,7 @@ impl<S> Layer<S> for ProblemJsonLayer {
 /// The service of [`ProblemJsonLayer`]. A response that needs no rewrite (every success, every
 /// problem already) passes through its future without an allocation; only a rewrite, which reads
 /// the body, runs in a boxed future. (`axum::middleware::map_response` boxes a future for every
-/// response: BENCHMARKS.md, issue 23's eleventh step.)
+/// response: the repository's benches/NOTEBOOK.md, "no `from_fn` on the request path".)
 #[derive(Debug, Clone)]
 pub struct ProblemJson<S> {
     inner: S,

@@ -79,7 +79,8 @@ impl<S> Layer<S> for RequestContextLayer {
 /// (see the module docs).
 ///
 /// A service of its own rather than `axum::middleware::from_fn`, which clones the whole service
-/// below it and boxes two futures on every request (BENCHMARKS.md, issue 23's eleventh step).
+/// below it and boxes two futures on every request (the repository's benches/NOTEBOOK.md,
+/// "no `from_fn` on the request path").
 #[derive(Debug, Clone)]
 pub struct RequestContext<S> {
     inner: S,

@@ -1,14 +1,13 @@
 //! How a handler hands business records to the layer.
 //!
-//! A handler that must write records together with its response (a payment) returns them as a
-//! [`SideRecords`] response extension. The idempotency layer removes the extension and passes the
-//! writes to `IdempotencyStore::complete`, which appends the completion and the records in one atomic frame: the
-//! records exist if and only if the key is completed. When the handler answers 5xx the key is
-//! released and the records are dropped: a handler must not depend on them then.
+//! A handler that must write records together with its response (the order it created) returns them
+//! as a [`SideRecords`] response extension. The idempotency layer removes the extension and passes
+//! the writes to `IdempotencyStore::complete`, which appends the completion and the records in one
+//! atomic frame: the records exist if and only if the key is completed. When the handler answers
+//! 5xx the key is released and the records are dropped: a handler must not depend on them then.
 //!
-//! Routes served without the layer (the benchmark's `--idempotency off`) still need their records
-//! written: [`persist_side_records`] does that with `IdempotencyStore::write_records`, outside any idempotency
-//! record.
+//! Routes served without the layer still need their records written: [`persist_side_records`]
+//! does that with `IdempotencyStore::write_records`, outside any idempotency record.
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;

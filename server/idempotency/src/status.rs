@@ -9,7 +9,7 @@
 //! one that expired and one of another scope are the same 404. Reading never claims, extends,
 //! releases or changes anything: it is one [`IdempotencyStore::get`](crate::IdempotencyStore::get).
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Extension, Path, State};
@@ -33,7 +33,8 @@ pub struct KeyStatusState {
 }
 
 /// State of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum KeyStateName {
     /// A request with this key is running.
@@ -44,28 +45,32 @@ pub enum KeyStateName {
 
 /// The body of a `200` from `GET /idempotency-keys/{key}`: the state of one of the caller's keys.
 /// Members are declared in alphabetical order, so the JSON is written in that order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct KeyStatus {
     /// When the key was first claimed (RFC 3339, UTC, milliseconds).
-    #[schema(format = DateTime, example = "2025-01-01T12:00:00.123Z")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime, example = "2025-01-01T12:00:00.123Z"))]
     pub created_at: String,
     /// When the key expires and may be reused (RFC 3339, UTC, milliseconds).
-    #[schema(format = DateTime, example = "2025-01-02T12:00:00.123Z")]
+    #[cfg_attr(feature = "openapi", schema(format = DateTime, example = "2025-01-02T12:00:00.123Z"))]
     pub expires_at: String,
     /// The key (the stored form: without structured-field quotes).
-    #[schema(example = "order-42")]
+    #[cfg_attr(feature = "openapi", schema(example = "order-42"))]
     pub key: String,
     /// Completed with a `Location`: where the created resource is.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub location: Option<String>,
     /// Completed: the status of the stored response.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, minimum = 100, maximum = 599)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(nullable = false, minimum = 100, maximum = 599)
+    )]
     pub response_status: Option<u16>,
     /// In progress: whole seconds (at least 1) before a retry may succeed, the 409's hint.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(nullable = false, minimum = 1)]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, minimum = 1))]
     pub retry_after: Option<u64>,
     /// In progress or completed.
     pub state: KeyStateName,
@@ -133,29 +138,15 @@ pub async fn key_status(
     Json(body).into_response()
 }
 
+/// The last millisecond humantime writes (the end of year 9999); a later instant is shown as it.
+const LATEST_MS: u64 = 253_402_300_800_000 - 1;
+
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC, to the millisecond
-/// (`2023-11-14T22:13:20.000Z`).
+/// (`2023-11-14T22:13:20.000Z`), by humantime. Instants past year 9999 (which humantime refuses to
+/// write) are shown as its last millisecond.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let at = UNIX_EPOCH + Duration::from_millis(ms.min(LATEST_MS));
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 #[cfg(test)]
@@ -168,5 +159,11 @@ mod tests {
         assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
+    }
+
+    #[test]
+    fn rfc3339_past_year_9999_is_its_last_millisecond_not_a_panic() {
+        assert_eq!(rfc3339(LATEST_MS), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59.999Z");
     }
 }

@@ -4,7 +4,8 @@
 //! [`IdempotencyStore`]; the embedded engine and PostgreSQL ([`crate::backends`]) implement it.
 //! Nothing above this trait knows which backend it runs on.
 //!
-//! What every implementation guarantees (the behaviour suite in `server/tests/` runs against each):
+//! What every implementation guarantees (the conformance suite, `testkit::conformance` behind the
+//! `testkit` feature, checks them against any store):
 //! - **claim** is atomic per `(scope, key)`: of any number of concurrent claims exactly one is
 //!   [`Claim::Acquired`]; a record past its TTL, or an in-progress claim whose lease ran out,
 //!   is taken over with a strictly larger fencing token;

@@ -4,13 +4,13 @@
 
 use std::path::Path;
 
-use idemlog_idempotency::fuzzing;
+use idemlog_idempotency::testkit::fuzzing;
 
 fn replay(target: &str, run: fn(&[u8])) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fuzz/corpus")
         .join(target);
-    idemlog::fuzzing::replay_corpus(&dir, run);
+    idemlog::testkit::fuzzing::replay_corpus(&dir, run);
 }
 
 #[test]

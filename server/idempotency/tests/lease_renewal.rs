@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idemlog::storage::FaultyStorage;
+use idemlog::testkit::FaultyStorage;
 use idemlog::{ManualClock, Options, RecordState, Store};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 use idemlog_idempotency::{IdempotencyConfig, IdempotencyLayer, Scope};

@@ -1,12 +1,18 @@
 //! Payment request and record shapes, and the validation of amounts and currencies.
 //!
 //! Amounts are decimal JSON numbers in major units (`100.00` BRL), parsed exactly from their text
-//! (no float ever holds money); internally they are integer minor units (cents).
+//! (no float ever holds money); internally they are integer minor units (cents). The text is taken
+//! as serde_json's `RawValue`, not through serde_json's `arbitrary_precision` feature: Cargo would
+//! turn that feature on for every crate built with this one, where it breaks `#[serde(untagged)]`
+//! and `#[serde(flatten)]` over numbers.
+
+use std::fmt;
 
 use rust_decimal::Decimal;
 use rust_decimal::prelude::ToPrimitive;
-use serde::{Deserialize, Serialize};
-use serde_json::Number;
+use serde::de::{self, Unexpected};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// Largest amount accepted, in minor units (just under ten billion in major units).
@@ -21,10 +27,51 @@ pub struct CreatePayment {
     /// (`100.00`), at most 9 999 999 999.99. Its text is parsed exactly; it is never rounded, and
     /// a sub-cent amount (`1.001`) is a 422.
     #[schema(value_type = f64, exclusive_minimum = 0, maximum = 9999999999.99, multiple_of = 0.01, example = 100.00)]
-    pub amount: Number,
+    pub amount: Amount,
     /// ISO 4217-style code: three upper-case letters.
     #[schema(pattern = "^[A-Z]{3}$", example = "BRL")]
     pub currency: String,
+}
+
+/// A JSON number as the client wrote it: its text, never a float.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Amount(String);
+
+impl Amount {
+    /// The number's text as it was in the request (`100.00`, `1e2`).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Amount {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        let text = raw.get();
+        // A raw value is whole JSON: it is a number exactly when it starts as one.
+        if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+            return Ok(Amount(text.to_owned()));
+        }
+        // Refused as serde_json refuses a non-number where it expects a `Number`.
+        let value: Value = serde_json::from_str(text).map_err(de::Error::custom)?;
+        let unexpected = match &value {
+            Value::Null => Unexpected::Other("null"),
+            Value::Bool(b) => Unexpected::Bool(*b),
+            Value::String(s) => Unexpected::Str(s),
+            Value::Array(_) => Unexpected::Seq,
+            Value::Object(_) | Value::Number(_) => Unexpected::Map,
+        };
+        Err(de::Error::invalid_type(unexpected, &ExpectedNumber))
+    }
+}
+
+/// What an amount must be, for the refusal's text.
+struct ExpectedNumber;
+
+impl de::Expected for ExpectedNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON number")
+    }
 }
 
 /// A validated payment request.
@@ -55,11 +102,10 @@ impl CreatePayment {
 
 /// Converts a JSON amount in major units to minor units, exactly.
 ///
-/// The number's own decimal text is parsed (serde_json keeps it: `arbitrary_precision`) into a
-/// [`Decimal`], never into a float: every amount with at most two decimal places up to
+/// The number's own decimal text ([`Amount`]) is parsed into a [`Decimal`], never into a float: every amount with at most two decimal places up to
 /// [`MAX_AMOUNT_MINOR`] is accepted as written, and anything more precise is refused, never
 /// rounded. Trailing zeros do not count as precision (`1.500` is `1.50`).
-pub fn amount_to_minor(amount: &Number) -> Result<i64, String> {
+pub fn amount_to_minor(amount: &Amount) -> Result<i64, String> {
     let text = amount.as_str();
     // The number is echoed in the error; a 60 KB run of digits is shortened, not sent back whole.
     let shown = match text.char_indices().nth(40) {
@@ -251,8 +297,12 @@ mod tests {
             let stored = serde_json::to_vec(&record).expect("stored");
             let back: PaymentRecord = serde_json::from_slice(&stored).expect("parse");
             let public = back.to_public_json().expect("public");
-            let v: serde_json::Value = serde_json::from_slice(&public).expect("json");
-            proptest::prop_assert_eq!(v["amount"].as_number().map(Number::as_str), Some(text.as_str()));
+            #[derive(Deserialize)]
+            struct Echoed {
+                amount: Amount,
+            }
+            let echoed: Echoed = serde_json::from_slice(&public).expect("json");
+            proptest::prop_assert_eq!(echoed.amount.as_str(), text.as_str());
         }
     }
 
@@ -290,9 +340,27 @@ mod tests {
     }
 
     #[test]
+    fn an_amount_that_is_not_a_json_number_is_refused_as_serde_json_refuses_it() {
+        for (json, kind) in [
+            (r#""1.00""#, r#"string "1.00""#),
+            ("null", "null"),
+            ("true", "boolean `true`"),
+            ("[1]", "sequence"),
+            (r#"{"a":1}"#, "map"),
+        ] {
+            let err = serde_json::from_str::<Amount>(json).expect_err(json);
+            let want = format!("invalid type: {kind}, expected a JSON number");
+            assert!(err.to_string().starts_with(&want), "{json}: {err}");
+        }
+        let parsed: CreatePayment =
+            serde_json::from_str(r#"{ "amount" : 12.50 , "currency":"BRL"}"#).expect("payment");
+        assert_eq!(parsed.amount.as_str(), "12.50");
+    }
+
+    #[test]
     fn currency_must_be_three_upper_case_letters() {
         let p = |c: &str| CreatePayment {
-            amount: Number::from(1),
+            amount: Amount("1".to_owned()),
             currency: c.into(),
         };
         assert!(p("BRL").validate().is_ok());

@@ -1,8 +1,5 @@
-//! One harness, two backends: the real router on the embedded engine (in memory, manual clock) or
-//! on PostgreSQL (a fresh schema per test, the database's clock).
-//!
-//! Time: on the embedded store [`Harness::pass`] moves the manual clock; on PostgreSQL, whose
-//! clock is the database's `now()`, it sleeps. Leases and TTLs are short so that costs little.
+//! One harness, two backends: the real router on the embedded engine (in memory) or on PostgreSQL
+//! (a fresh schema per test).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +7,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
-use idemlog::storage::FaultyStorage;
+use idemlog::testkit::FaultyStorage;
 use idemlog::{ManualClock, Options};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend};
@@ -50,7 +47,6 @@ pub struct Harness {
     pub store: StoreHandle,
     pub services: Services,
     pub router: Router,
-    clock: Option<ManualClock>,
     drop_schema: Option<(String, String)>,
 }
 
@@ -66,7 +62,7 @@ impl Harness {
     /// The app on `backend`, or `None` when that backend is not available here (PostgreSQL without
     /// `DATABASE_URL` on a developer machine).
     pub async fn start(backend: Backend, settings: Settings) -> Option<Harness> {
-        let (store, clock, drop_schema): (StoreHandle, _, _) = match backend {
+        let (store, drop_schema): (StoreHandle, _) = match backend {
             Backend::Embedded => {
                 let clock = ManualClock::new(1_700_000_000_000);
                 let options = Options::default()
@@ -75,7 +71,7 @@ impl Harness {
                     .lease(LEASE)
                     .max_value_bytes(64 * 1024);
                 let store = EmbeddedBackend::open("/data", options).expect("open store");
-                (Arc::new(store), Some(clock), None)
+                (Arc::new(store), None)
             }
             Backend::Postgres => {
                 let url = database_url()?;
@@ -86,7 +82,7 @@ impl Harness {
                 let store = PostgresBackend::connect(config)
                     .await
                     .expect("connect to PostgreSQL");
-                (Arc::new(store), None, Some((url, schema)))
+                (Arc::new(store), Some((url, schema)))
             }
         };
         let keys = ApiKeys::new(&[
@@ -112,17 +108,8 @@ impl Harness {
             store,
             services,
             router,
-            clock,
             drop_schema,
         })
-    }
-
-    /// Lets `d` pass for the store's clock.
-    pub async fn pass(&self, d: Duration) {
-        match &self.clock {
-            Some(clock) => clock.advance(d),
-            None => tokio::time::sleep(d).await,
-        }
     }
 
     pub async fn charges(&self) -> u64 {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
-use idemlog::storage::FaultyStorage;
+use idemlog::testkit::FaultyStorage;
 use idemlog::{Durability, ManualClock, Options};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 use idemlog_idempotency::{FingerprintMode, Outcome};
@@ -132,7 +132,7 @@ impl TestApp {
     /// Simulates a process crash (every handle of the old process dies; writes survive) and starts
     /// a new process on the same data directory.
     pub fn crash_and_restart(&mut self) {
-        self.fs.crash(idemlog::storage::CrashMode::ProcessOnly);
+        self.fs.crash(idemlog::testkit::CrashMode::ProcessOnly);
         self.reopen();
     }
 
@@ -143,7 +143,7 @@ impl TestApp {
             .expect("store open")
             .close()
             .expect("close");
-        self.fs.crash(idemlog::storage::CrashMode::DropUnsynced);
+        self.fs.crash(idemlog::testkit::CrashMode::DropUnsynced);
         self.reopen();
     }
 

@@ -6,18 +6,24 @@
 //! `0.1000000000000000001` stay different): a client that re-serialises the same JSON gets the same
 //! bytes, while no two different amounts can meet in a rounded float. The canonical form of a
 //! canonical form is itself.
+//!
+//! Kept rather than an RFC 8785 (JCS) crate because it is needed as it is: JCS writes every number
+//! as an IEEE 754 double (ECMAScript's `Number`), so `0.1000000000000000001` and `0.1`, or two
+//! amounts past 2^53, would get one canonical form and one fingerprint, and a request with a
+//! different amount would be answered with another request's stored response. Here numbers keep
+//! their exact decimal value; only their layout follows ECMAScript's.
 
-use serde_json::Value;
+use super::document::Json;
 
 /// Writes `value` in canonical form.
-pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
+pub fn canonical_json(value: &Json, out: &mut Vec<u8>) {
     match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => write_number(n, out),
-        Value::String(s) => write_string(s, out),
-        Value::Array(items) => {
+        Json::Null => out.extend_from_slice(b"null"),
+        Json::Bool(true) => out.extend_from_slice(b"true"),
+        Json::Bool(false) => out.extend_from_slice(b"false"),
+        Json::Number(text) => write_number(text, out),
+        Json::String(s) => write_string(s, out),
+        Json::Array(items) => {
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
@@ -27,8 +33,8 @@ pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
             }
             out.push(b']');
         }
-        Value::Object(map) => {
-            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+        Json::Object(map) => {
+            let mut members: Vec<(&String, &Json)> = map.iter().collect();
             // RFC 8785 orders members by the UTF-16 code units of their names.
             members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
             out.push(b'{');
@@ -45,11 +51,10 @@ pub fn canonical_json(value: &Value, out: &mut Vec<u8>) {
     }
 }
 
-/// Writes a JSON number from its exact decimal text (serde_json keeps it with
-/// `arbitrary_precision`), laid out as ECMAScript's `Number::toString` lays out its digits: no
-/// float ever rounds two different amounts into one.
-fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
-    let text = n.as_str();
+/// Writes a JSON number from its exact decimal text (as the scanner in `document` keeps it), laid
+/// out as ECMAScript's `Number::toString` lays out its digits: no float ever rounds two different
+/// amounts into one.
+fn write_number(text: &str, out: &mut Vec<u8>) {
     match Decimal::parse(text) {
         Some(decimal) => decimal.write(out),
         // Not a JSON number (cannot happen for parsed input) or an exponent beyond i64: its text.
@@ -168,7 +173,8 @@ mod tests {
 
     fn canonical(text: &str) -> String {
         let mut out = Vec::new();
-        canonical_json(&serde_json::from_str(text).expect("json"), &mut out);
+        let document = super::super::document::parse(text.as_bytes()).expect("json");
+        canonical_json(&document.value, &mut out);
         String::from_utf8(out).expect("utf8")
     }
 

@@ -22,20 +22,21 @@
 //! hash.
 //!
 //! This module owns the hash; the parts it hashes live apart: [`media_type()`] (the normalised
-//! `Content-Type`), `canonical_json` (the canonical form and its exact numbers) and `duplicates`
-//! (the refusal of repeated member names).
+//! `Content-Type`), `document` (reading a JSON body with its numbers' exact text, without
+//! serde_json's `arbitrary_precision`), `canonical_json` (the canonical form) and `duplicates` (the
+//! refusal of repeated member names).
 
 mod canonical_json;
+mod document;
 mod duplicates;
 mod media_type;
-mod strict;
 
 use axum::http::{HeaderMap, Method};
 use idemlog::Fingerprint;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub use self::canonical_json::canonical_json;
+pub use self::document::Json;
 pub use self::duplicates::duplicate_member;
 pub use self::media_type::{is_json, media_type, media_type_of};
 
@@ -54,8 +55,8 @@ const DOMAIN: &[u8] = b"idemlog-fingerprint-v2";
 /// A body that entered as JSON: parsed once, canonicalised once, and shared by the fingerprint and
 /// the request digest ([`crate::digest`]).
 pub struct JsonBody {
-    /// The parsed document.
-    pub value: Value,
+    /// The parsed document, numbers as their exact text.
+    pub value: Json,
     /// Its canonical form.
     pub canonical: Vec<u8>,
 }
@@ -66,7 +67,7 @@ pub fn parse_body(mode: FingerprintMode, headers: &HeaderMap, body: &[u8]) -> Op
     if mode != FingerprintMode::CanonicalJson || !is_json(headers) {
         return None;
     }
-    let value: Value = serde_json::from_slice(body).ok()?;
+    let value = document::parse(body)?.value;
     let mut canonical = Vec::with_capacity(body.len());
     canonical_json(&value, &mut canonical);
     Some(JsonBody { value, canonical })
@@ -88,25 +89,21 @@ pub fn parse_body_strict(
     if !is_json(headers) {
         return Ok(None);
     }
-    if mode == FingerprintMode::CanonicalJson
-        && let Some(parsed) = strict::parse(body)
-    {
-        if let Some(name) = parsed.repeated {
-            return Err(RepeatedMember(name));
-        }
-        let mut canonical = Vec::with_capacity(body.len());
-        canonical_json(&parsed.value, &mut canonical);
-        return Ok(Some(JsonBody {
-            value: parsed.value,
-            canonical,
-        }));
+    let Some(parsed) = document::parse(body) else {
+        return Ok(None);
+    };
+    if let Some(name) = parsed.repeated {
+        return Err(RepeatedMember(name));
     }
-    // Bytes: still refused if a JSON walk finds a repeated name (a document serde_json will not
-    // turn into a `Value` can still be walked, as before).
-    match duplicate_member(headers, body) {
-        Some(name) => Err(RepeatedMember(name)),
-        None => Ok(None),
+    if mode != FingerprintMode::CanonicalJson {
+        return Ok(None);
     }
+    let mut canonical = Vec::with_capacity(body.len());
+    canonical_json(&parsed.value, &mut canonical);
+    Ok(Some(JsonBody {
+        value: parsed.value,
+        canonical,
+    }))
 }
 
 /// Fingerprint of a request.

@@ -1,11 +1,11 @@
 //! A future that is finished on a task of its own if whoever polls it drops it early.
 //!
-//! Once a key is claimed, the claim, the handler and the completion (or release) must run to the end:
-//! a client that disconnects makes axum drop the request's future, and stopping there would leave the
-//! key held until its lease runs out, or a payment made but not recorded. Spawning a task per request
-//! gives that guarantee but costs a task and a wake-up on every request; this wrapper runs the work on
-//! the request's own task and spawns only what is left when the future is dropped before the end,
-//! which happens only on a disconnect.
+//! Once a key is claimed, the claim, the handler and the completion (or release) must run to the
+//! end: a client that disconnects makes axum drop the request's future, and stopping there would
+//! leave the key held until its lease runs out, or a business action done but not recorded.
+//! Spawning a task per request gives that guarantee but costs a task and a wake-up on every
+//! request; this wrapper runs the work on the request's own task and spawns only what is left when
+//! the future is dropped before the end, which happens only on a disconnect.
 
 use std::future::Future;
 use std::pin::Pin;

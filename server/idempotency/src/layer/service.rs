@@ -280,7 +280,7 @@ fn repeated_member(scope: &Scope, key: &IdempotencyKey, name: &str) -> Response 
 /// is already in declares `scope` and `key` fields (the server's request span does), they are
 /// recorded there; otherwise the layer opens its own `idempotency` span with them. Either way every
 /// line the layer, the handler and the store write from here on names both; a second span per
-/// request cost about 2 % of the server's CPU (BENCHMARKS.md, issue 23's seventh step).
+/// request cost about 2 % of the server's CPU (the repository's benches/NOTEBOOK.md, "One span per request").
 fn request_span(scope: &Scope, key: &IdempotencyKey) -> Span {
     let current = Span::current();
     let fields = current
@@ -452,7 +452,7 @@ where
         }
         None => {
             // The routine path logs at DEBUG: at INFO, a line per step of every request cost
-            // more CPU than the rest of the layer (see BENCHMARKS.md, issue 23). The exceptions
+            // more CPU than the rest of the layer (the repository's benches/NOTEBOOK.md). The exceptions
             // (takeovers, expiries, replays, 409, 422, 429, releases) stay at INFO or above.
             debug!(fence = token.fence, "claimed key: running the handler");
             Outcome::Executed

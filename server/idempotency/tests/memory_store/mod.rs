@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idemlog::storage::FaultyStorage;
+use idemlog::testkit::FaultyStorage;
 use idemlog::{Durability, ManualClock, Options};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 

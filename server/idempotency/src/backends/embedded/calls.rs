@@ -58,7 +58,7 @@ mod tests {
     use std::time::Duration;
 
     use idemlog::Options;
-    use idemlog::storage::FaultyStorage;
+    use idemlog::testkit::FaultyStorage;
 
     use super::*;
 

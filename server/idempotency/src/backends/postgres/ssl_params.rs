@@ -78,24 +78,23 @@ fn split_url(url: &str, scheme_len: usize) -> Result<(String, SslParams), String
     Ok((rest, params))
 }
 
-/// `%XX` sequences decoded (as tokio-postgres decodes URL parts; `+` stays `+`). `None` when the
-/// result is not UTF-8 or a `%` is not followed by two hex digits.
+/// `%XX` sequences decoded by percent-encoding (as tokio-postgres decodes URL parts; `+` stays
+/// `+`). `None` when the result is not UTF-8 or a `%` is not followed by two hex digits: where
+/// percent-encoding would keep such a `%` as it is, a TLS parameter is refused rather than guessed.
 fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    let well_formed = s.split('%').skip(1).all(|after| {
+        after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// The key/value form: `host=db sslmode=verify-full sslrootcert='/etc/ca dir/ca.pem'`, with

@@ -1,5 +1,5 @@
-//! Entry points for the fuzz targets in `fuzz/` and for the test that replays their corpus
-//! (`tests/fuzz_corpus.rs`). Not part of the stable API.
+//! Entry points for fuzz targets (cargo-fuzz in this repository's `fuzz/`) and for the tests that
+//! replay a committed corpus. Not part of the stable API.
 //!
 //! Each function takes arbitrary bytes, feeds them to a part of the engine that reads bytes from disk,
 //! and panics when an invariant fails; the fuzzer reports the panic as a crash. An `Err` from the
@@ -9,7 +9,7 @@
 //! - [`decode_frames`]: frame and operation decoding at every offset of the input.
 //! - [`recover_files`]: opening a data directory whose files hold arbitrary bytes.
 //! - [`recover_damaged`]: opening a valid log after truncation, flipped bytes or appended garbage.
-//! - [`run_steps`]: operation sequences against the reference model in [`crate::model`].
+//! - [`run_steps`]: operation sequences against the reference model in [`crate::testkit::model`].
 //!
 //! [`replay_corpus`] runs a committed corpus through one of these (the engine's and the server's
 //! corpus tests share it).
@@ -28,13 +28,14 @@ use crate::index::{Entry, SideEntry, split_record_key};
 use crate::log::frame::{self, FrameDamage, HEADER_LEN, MAX_PAYLOAD, TAG_OPS};
 use crate::log::op::{self, Op, Response};
 use crate::log::segment::{self, Kind};
-use crate::model::{Simulation, Step};
 use crate::options::{Durability, Options};
 use crate::recovery::{Layout, RecoveryReport};
 use crate::response::StoredResponse;
 use crate::side::SideWrite;
-use crate::storage::{FaultyStorage, Storage};
+use crate::storage::Storage;
 use crate::store::Store;
+use crate::testkit::FaultyStorage;
+use crate::testkit::model::{Simulation, Step};
 
 /// Runs every file of `dir` (a target's corpus, at least 5 inputs) through `run`; fails naming each
 /// file that panicked.

@@ -36,8 +36,8 @@ use crate::options::{Durability, Options};
 use crate::record::RecordState;
 use crate::response::StoredResponse;
 use crate::side::SideWrite;
-use crate::storage::{CrashMode, FaultOp, FaultyStorage};
 use crate::store::Store;
+use crate::testkit::{CrashMode, FaultOp, FaultyStorage};
 
 const SCOPES: [&str; 2] = ["acct_a", "acct_b"];
 const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use super::{LockGuard, Storage, StorageFile};
+use crate::storage::{LockGuard, Storage, StorageFile};
 
 /// How a simulated crash treats data written but not yet fdatasync'ed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
