@@ -51,7 +51,7 @@ pub(super) async fn run(inner: Weak<Inner>, interval: Duration, batch: u32) {
 impl PostgresBackend {
     /// Starts a background task that deletes expired keys and records every `interval`, `batch`
     /// rows per statement (`FOR UPDATE SKIP LOCKED`, so every instance may run one). It logs what it
-    /// deleted, survives database errors, and stops on [`IdempotencyStore::close`] or when the
+    /// deleted, survives database errors, and stops on [`IdempotencyStore::close`](crate::IdempotencyStore::close) or when the
     /// store is dropped.
     pub fn spawn_cleanup(&self, interval: Duration, batch: u32) {
         let task = tokio::spawn(run(

@@ -1,11 +1,11 @@
 //! The PostgreSQL backend: one database shared by any number of server instances.
 //!
 //! [`PostgresBackend::connect`] opens a bounded pool ([`PgConfig`]), creates or migrates the schema
-//! ([`schema`]), and starts two background tasks: the cleanup of expired rows ([`cleanup`]) and,
-//! while the database is unreachable, a probe that lets [`IdempotencyStore::health`] recover by
+//! (`schema`), and starts two background tasks: the cleanup of expired rows (`cleanup`) and,
+//! while the database is unreachable, a probe that lets [`IdempotencyStore::health`](crate::IdempotencyStore::health) recover by
 //! itself.
 //!
-//! Claims, completions, releases and write-once inserts are **batched** ([`lanes`], [`batch`]):
+//! Claims, completions, releases and write-once inserts are **batched** (`lanes`, `batch`):
 //! a call queues on one of a few lanes chosen by a hash of its key, and each lane sends
 //! everything queued while its previous statement was in flight as one statement of arrays
 //! (`INSERT … SELECT … FROM unnest(…)`, `UPDATE … FROM unnest(…)`), in its own implicit
@@ -16,21 +16,21 @@
 //! extend, write_records, counter) are one statement each on a pooled connection. Claims and
 //! inserts commit without waiting for their WAL flush; completions and releases wait, and WAL is
 //! flushed in order, so a request's answer is sent only once all it wrote is durable (the
-//! argument, and what a crash between them can expose, is next to the SQL in [`sql`]).
+//! argument, and what a crash between them can expose, is next to the SQL in `sql`).
 //! Serialization failures, deadlocks and rows that change under a statement are retried a bounded
-//! number of times with jittered backoff; connection failures become [`StoreError::Unavailable`]
+//! number of times with jittered backoff; connection failures become [`StoreError::Unavailable`](crate::StoreError::Unavailable)
 //! and mark the store unhealthy until a probe or a call succeeds; other database errors are
-//! [`StoreError::Internal`] (in a batch, only for the call that caused them: [`batch`]). All
+//! [`StoreError::Internal`](crate::StoreError::Internal) (in a batch, only for the call that caused them: `batch`). All
 //! times are the database's `now()`. Statements are sent as cached named statements, or unnamed
-//! through a pooler in transaction mode ([`statement`]).
+//! through a pooler in transaction mode (`statement`).
 //!
-//! Files: [`connect`] (pool and start-up), [`store`] (the calls), [`lanes`] (queues and batch
-//! forming), [`batch`] (running a batch: rounds, retries, splitting; one file per batched
-//! statement), [`batch_sizes`] (calls per statement, for `/metrics`), [`codec`] (rows and input
-//! checks), [`error`] (classification and the retry loop), [`health`] (the readiness probe), [`state`] (up/down),
-//! [`cleanup`], [`schema`] (migrations), [`sql`] (the statements), [`statement`] (how they are
-//! sent), [`config`], [`url`] (redaction), [`tls`] (libpq's `sslmode`/`sslrootcert` and the rustls
-//! connector), [`ssl_params`] (taking those two out of the connection string, which tokio-postgres
+//! Files: `connect` (pool and start-up), `store` (the calls), `lanes` (queues and batch
+//! forming), `batch` (running a batch: rounds, retries, splitting; one file per batched
+//! statement), `batch_sizes` (calls per statement, for `/metrics`), `codec` (rows and input
+//! checks), `error` (classification and the retry loop), `health` (the readiness probe), `state` (up/down),
+//! `cleanup`, `schema` (migrations), `sql` (the statements), `statement` (how they are
+//! sent), `config`, `url` (redaction), `tls` (libpq's `sslmode`/`sslrootcert` and the rustls
+//! connector), `ssl_params` (taking those two out of the connection string, which tokio-postgres
 //! would reject).
 
 mod batch;
