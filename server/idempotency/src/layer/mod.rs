@@ -27,7 +27,7 @@
 //! and the futures the flow runs in: `finish_on_drop`, `catch_panic`, `in_flight`.
 
 mod body;
-mod catch_panic;
+pub(crate) mod catch_panic;
 mod config;
 mod fenced;
 mod finish_on_drop;

@@ -154,29 +154,25 @@ impl PostgresBackend {
 
         let queue_wait = config.pool_wait_timeout;
         let writers = config.writers;
-        let mut lane_tasks = Vec::new();
         let inner = Arc::new_cyclic(|weak| {
-            let (claims, tasks) = Lanes::spawn(
+            let claims = Lanes::new(
                 writers,
                 BatchRunner::<Claims>::new(weak.clone()),
                 queue_wait,
                 "claim",
             );
-            lane_tasks.extend(tasks);
-            let (finishes, tasks) = Lanes::spawn(
+            let finishes = Lanes::new(
                 writers,
                 BatchRunner::<Finishes>::new(weak.clone()),
                 queue_wait,
                 "complete",
             );
-            lane_tasks.extend(tasks);
-            let (inserts, tasks) = Lanes::spawn(
+            let inserts = Lanes::new(
                 writers,
                 BatchRunner::<Inserts>::new(weak.clone()),
                 queue_wait,
                 "insert_once",
             );
-            lane_tasks.extend(tasks);
             Inner {
                 pool,
                 sql: Statements::new(&config.schema),
@@ -198,9 +194,6 @@ impl PostgresBackend {
                 inserts,
             }
         });
-        // The lanes end by themselves when the store is dropped (their senders go with it);
-        // their handles are not kept: `close` leaves batches in flight to finish.
-        drop(lane_tasks);
         // Start-up has just reached the database: the probe's first check is due a whole interval
         // from now, not at once (where it would race the first calls for the pool's connections).
         inner.state.mark_up();

@@ -4,11 +4,16 @@
 //! A call is routed to a lane by a hash its job names ([`Job::route`]: the `(scope, key)` of an
 //! idempotency key, the `(namespace, key)` of a record), so two calls about one key always meet
 //! in one lane and are settled there in order, and two lanes never wait on each other's
-//! uncommitted rows of one key. A lane takes the first queued call, then whatever else is queued
-//! at that moment (up to [`MAX_BATCH_CALLS`] calls and [`MAX_BATCH_BYTES`] of parameters), and
-//! hands the batch to its [`Runner`]. There is no timer: under light load a batch is one call and
-//! waits for nothing; under load, the calls that arrive while a batch is in the database form the
-//! next one, so the batch grows with the load and the statements per call fall.
+//! uncommitted rows of one key. There is no timer:
+//!
+//! - A call that finds its lane idle runs alone, as a batch of one, on the caller's own task, and
+//!   the lane is busy until it ends. Under light load every call goes this way: no hand-off to
+//!   another task, no wait.
+//! - A call that finds the lane busy queues. When the batch in flight ends, a drainer task takes
+//!   everything queued at that moment (up to [`MAX_BATCH_CALLS`] calls and [`MAX_BATCH_BYTES`]
+//!   of parameters) as the next batch, and so on until the queue is empty; then the lane is idle
+//!   again. Under load the calls that arrive while a batch is in the database form the next one,
+//!   so the batch grows with the load and the statements per call fall.
 //!
 //! Bounds: a call waits in a lane's queue at most `queue_wait` (the pool's wait timeout): if its
 //! lane has not taken it by then it is withdrawn (the lane skips it; nothing was sent) and fails
@@ -16,18 +21,23 @@
 //! taken it is answered by the lane, whose every statement attempt is bounded. The queue holds at
 //! most one job per waiting caller: its memory is bounded by the callers.
 //!
-//! A lane task holds no reference to the store: it ends when the store (and so the lanes'
-//! senders) is dropped, after answering what it had taken.
+//! Invariant: a lane with queued calls is busy (a batch is in flight, on a caller's task or the
+//! drainer's), so a queued call is always taken. A batch that panics fails its own calls with an
+//! error; a caller that leads a batch and is dropped mid-way hands the lane on, like one that
+//! finishes. The drainer holds the lanes only while there is work: it ends when the queue is
+//! empty, so the lanes never keep the store alive for long.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
 
+use crate::layer::catch_panic::CatchPanic;
 use crate::store::StoreError;
 
 /// Most calls in one batch statement. PostgreSQL has no limit that a batch comes near: every
@@ -72,116 +82,144 @@ const WITHDRAWN: u8 = 2;
 struct Queued<J: Job> {
     job: J,
     reply: oneshot::Sender<Result<J::Answer, StoreError>>,
-    /// [`WAITING`] until the lane takes the job ([`TAKEN`]) or its caller gives up ([`WITHDRAWN`]):
+    /// [`WAITING`] until a batch takes the job ([`TAKEN`]) or its caller gives up ([`WITHDRAWN`]):
     /// exactly one of the two wins.
     state: Arc<AtomicU8>,
 }
 
+/// One lane: whether a batch is in flight, and the calls waiting for the next one.
+struct Lane<J: Job> {
+    state: Mutex<LaneState<J>>,
+}
+
+struct LaneState<J: Job> {
+    busy: bool,
+    queue: VecDeque<Queued<J>>,
+}
+
 /// A fixed set of lanes for one kind of job.
-pub(crate) struct Lanes<J: Job> {
-    senders: Box<[mpsc::UnboundedSender<Queued<J>>]>,
+pub(crate) struct Lanes<J: Job, R> {
+    lanes: Box<[Arc<Lane<J>>]>,
+    runner: Arc<R>,
     queue_wait: Duration,
     what: &'static str,
 }
 
-impl<J: Job> Lanes<J> {
-    /// `count` lanes (at least one), each a task running its batches through `runner`. Calls name
-    /// `what` in their errors.
-    pub(crate) fn spawn<R: Runner<J>>(
-        count: usize,
-        runner: R,
-        queue_wait: Duration,
-        what: &'static str,
-    ) -> (Self, Vec<JoinHandle<()>>) {
-        let runner = Arc::new(runner);
-        let mut senders = Vec::with_capacity(count.max(1));
-        let mut tasks = Vec::with_capacity(count.max(1));
-        for _ in 0..count.max(1) {
-            let (tx, rx) = mpsc::unbounded_channel();
-            senders.push(tx);
-            tasks.push(tokio::spawn(lane(rx, runner.clone())));
+impl<J: Job, R: Runner<J>> Lanes<J, R> {
+    /// `count` lanes (at least one) running their batches through `runner`. Calls name `what`
+    /// in their errors.
+    pub(crate) fn new(count: usize, runner: R, queue_wait: Duration, what: &'static str) -> Self {
+        let lanes = (0..count.max(1))
+            .map(|_| {
+                Arc::new(Lane {
+                    state: Mutex::new(LaneState {
+                        busy: false,
+                        queue: VecDeque::new(),
+                    }),
+                })
+            })
+            .collect();
+        Self {
+            lanes,
+            runner: Arc::new(runner),
+            queue_wait,
+            what,
         }
-        (
-            Self {
-                senders: senders.into_boxed_slice(),
-                queue_wait,
-                what,
-            },
-            tasks,
-        )
     }
 
-    /// Queues `job` on its lane and waits for its answer (see the module docs for the bounds).
+    /// Runs `job` in a batch of its lane and returns its answer (see the module docs).
     pub(crate) async fn submit(&self, job: J) -> Result<J::Answer, StoreError> {
-        let lane = (job.route() % self.senders.len() as u64) as usize;
+        let lane = &self.lanes[(job.route() % self.lanes.len() as u64) as usize];
         let (reply, mut answer) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(WAITING));
-        let queued = Queued {
-            job,
-            reply,
-            state: state.clone(),
+        // Queue behind the batch in flight, or take the idle lane; never held across an await.
+        let lead = {
+            let mut lane_state = lane.state.lock();
+            if lane_state.busy {
+                lane_state.queue.push_back(Queued {
+                    job,
+                    reply,
+                    state: state.clone(),
+                });
+                None
+            } else {
+                lane_state.busy = true;
+                Some(job)
+            }
         };
-        if self.senders[lane].send(queued).is_err() {
-            return Err(self.closed());
+        if let Some(job) = lead {
+            // The lane was idle: this call is the batch, on this task.
+            let leader = Leader {
+                lane: lane.clone(),
+                runner: self.runner.clone(),
+            };
+            let answer = run_caught(&*self.runner, vec![job], self.what).await;
+            drop(leader);
+            return answer
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Err(self.lost()));
         }
         match tokio::time::timeout(self.queue_wait, &mut answer).await {
-            Ok(answer) => answer.unwrap_or_else(|_| Err(self.closed())),
+            Ok(answer) => answer.unwrap_or_else(|_| Err(self.lost())),
             Err(_) => {
                 if state
                     .compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
                     return Err(StoreError::Unavailable(format!(
-                        "{}: not taken by a database writer within {} ms",
+                        "{}: not taken by a database batch within {} ms",
                         self.what,
                         self.queue_wait.as_millis()
                     )));
                 }
                 // Taken: it is in a statement now, which answers within its own bound.
-                answer.await.unwrap_or_else(|_| Err(self.closed()))
+                answer.await.unwrap_or_else(|_| Err(self.lost()))
             }
         }
     }
 
-    fn closed(&self) -> StoreError {
-        StoreError::Unavailable(format!("{}: the store is closed", self.what))
+    fn lost(&self) -> StoreError {
+        StoreError::Internal(format!(
+            "{}: the batch carrying this call ended without an answer",
+            self.what
+        ))
     }
 }
 
-/// One lane: batches until every sender is gone.
-async fn lane<J: Job, R: Runner<J>>(mut rx: mpsc::UnboundedReceiver<Queued<J>>, runner: Arc<R>) {
-    // A job taken from the queue that did not fit the previous batch's byte bound.
-    let mut held: Option<Queued<J>> = None;
+/// The lane held by a batch running on a caller's task. Dropped (when the batch ends, or when the
+/// caller is dropped mid-way), it hands the lane on: to a drainer if calls queued meanwhile, or
+/// back to idle.
+struct Leader<J: Job, R: Runner<J>> {
+    lane: Arc<Lane<J>>,
+    runner: Arc<R>,
+}
+
+impl<J: Job, R: Runner<J>> Drop for Leader<J, R> {
+    fn drop(&mut self) {
+        let mut state = self.lane.state.lock();
+        if state.queue.is_empty() {
+            state.busy = false;
+            return;
+        }
+        drop(state);
+        tokio::spawn(drain(self.lane.clone(), self.runner.clone()));
+    }
+}
+
+/// Runs batches of what is queued on `lane` (which is busy, held for this task) until the queue
+/// is empty, then leaves the lane idle.
+async fn drain<J: Job, R: Runner<J>>(lane: Arc<Lane<J>>, runner: Arc<R>) {
     loop {
-        let mut batch: Vec<Queued<J>> = Vec::new();
-        let mut bytes = 0usize;
-        if let Some(first) = held.take() {
-            bytes += first.job.weight();
-            batch.push(first);
-        } else {
-            match rx.recv().await {
-                Some(first) => {
-                    if take(&first) {
-                        bytes += first.job.weight();
-                        batch.push(first);
-                    }
-                }
-                None => return,
+        let batch = {
+            let mut state = lane.state.lock();
+            let batch = take_batch(&mut state.queue);
+            if batch.is_empty() && state.queue.is_empty() {
+                state.busy = false;
+                return;
             }
-        }
-        while batch.len() < MAX_BATCH_CALLS {
-            let Ok(next) = rx.try_recv() else { break };
-            if !take(&next) {
-                continue;
-            }
-            let weight = next.job.weight();
-            if !batch.is_empty() && bytes.saturating_add(weight) > MAX_BATCH_BYTES {
-                held = Some(next);
-                break;
-            }
-            bytes = bytes.saturating_add(weight);
-            batch.push(next);
-        }
+            batch
+        };
         if batch.is_empty() {
             continue;
         }
@@ -191,28 +229,73 @@ async fn lane<J: Job, R: Runner<J>>(mut rx: mpsc::UnboundedReceiver<Queued<J>>, 
             replies.push(queued.reply);
             jobs.push(queued.job);
         }
-        // The batch runs in a task of its own, so that a panic in it fails its own calls (with
-        // an error, not a hang) and the lane goes on.
-        let batch = tokio::spawn({
-            let runner = runner.clone();
-            async move { runner.run(jobs).await }
-        });
-        match batch.await {
-            Ok(answers) => {
-                debug_assert_eq!(answers.len(), replies.len(), "one answer per job");
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    // A caller that is gone (its request was dropped) does not need the answer.
-                    let _ = reply.send(answer);
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, calls = replies.len(), "a database batch failed: its calls fail");
-                for reply in replies {
-                    let _ = reply.send(Err(StoreError::Internal(
+        let answers = run_caught(&*runner, jobs, "batched call").await;
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            // A caller that is gone (its request was dropped) does not need the answer.
+            let _ = reply.send(answer);
+        }
+    }
+}
+
+/// The next batch from `queue`: the calls not withdrawn, in order, up to the bounds. A call that
+/// would pass the byte bound stays first in the queue, unless it is alone (then it goes alone).
+fn take_batch<J: Job>(queue: &mut VecDeque<Queued<J>>) -> Vec<Queued<J>> {
+    let mut batch = Vec::new();
+    let mut bytes = 0usize;
+    while batch.len() < MAX_BATCH_CALLS {
+        let Some(next) = queue.front() else { break };
+        let weight = next.job.weight();
+        if !batch.is_empty() && bytes.saturating_add(weight) > MAX_BATCH_BYTES {
+            break;
+        }
+        let Some(next) = queue.pop_front() else { break };
+        if !take(&next) {
+            continue;
+        }
+        bytes = bytes.saturating_add(weight);
+        batch.push(next);
+    }
+    batch
+}
+
+/// `runner.run(jobs)`, with a panic turned into every call's error.
+async fn run_caught<J: Job, R: Runner<J>>(
+    runner: &R,
+    jobs: Vec<J>,
+    what: &str,
+) -> Vec<Result<J::Answer, StoreError>> {
+    let calls = jobs.len();
+    match CatchPanic::new(runner.run(jobs)).await {
+        Ok(answers) if answers.len() == calls => answers,
+        Ok(answers) => {
+            tracing::error!(
+                calls,
+                answers = answers.len(),
+                what,
+                "a database batch answered the wrong number of calls"
+            );
+            (0..calls)
+                .map(|_| {
+                    Err(StoreError::Internal(
                         "the database batch carrying this call failed".into(),
-                    )));
-                }
-            }
+                    ))
+                })
+                .collect()
+        }
+        Err(panic) => {
+            tracing::error!(
+                panic = crate::layer::catch_panic::message(&panic),
+                calls,
+                what,
+                "a database batch panicked: its calls fail"
+            );
+            (0..calls)
+                .map(|_| {
+                    Err(StoreError::Internal(
+                        "the database batch carrying this call failed".into(),
+                    ))
+                })
+                .collect()
         }
     }
 }
@@ -278,8 +361,7 @@ mod tests {
     #[tokio::test]
     async fn a_lone_call_is_a_batch_of_one_and_gets_its_own_answer() {
         let recorder = Recorder::default();
-        let (lanes, _tasks) =
-            Lanes::spawn(2, recorder.clone(), Duration::from_secs(5), "test call");
+        let lanes = Lanes::new(2, recorder.clone(), Duration::from_secs(5), "test call");
         assert_eq!(lanes.submit(echo(4, 1)).await.unwrap(), 40);
         assert_eq!(*recorder.batches.lock(), vec![vec![4]]);
     }
@@ -288,8 +370,7 @@ mod tests {
     async fn calls_queued_while_a_batch_is_in_flight_form_the_next_batch() {
         let recorder = Recorder::default();
         recorder.gated.store(true, Ordering::Release);
-        let (lanes, _tasks) =
-            Lanes::spawn(1, recorder.clone(), Duration::from_secs(5), "test call");
+        let lanes = Lanes::new(1, recorder.clone(), Duration::from_secs(5), "test call");
         let lanes = Arc::new(lanes);
         let first = tokio::spawn({
             let lanes = lanes.clone();
@@ -321,8 +402,7 @@ mod tests {
     async fn a_batch_stops_at_the_byte_bound_and_the_rest_goes_next() {
         let recorder = Recorder::default();
         recorder.gated.store(true, Ordering::Release);
-        let (lanes, _tasks) =
-            Lanes::spawn(1, recorder.clone(), Duration::from_secs(5), "test call");
+        let lanes = Lanes::new(1, recorder.clone(), Duration::from_secs(5), "test call");
         let lanes = Arc::new(lanes);
         let first = tokio::spawn({
             let lanes = lanes.clone();
@@ -359,8 +439,7 @@ mod tests {
     async fn a_call_not_taken_within_the_queue_wait_is_withdrawn_and_never_run() {
         let recorder = Recorder::default();
         recorder.gated.store(true, Ordering::Release);
-        let (lanes, _tasks) =
-            Lanes::spawn(1, recorder.clone(), Duration::from_millis(50), "test call");
+        let lanes = Lanes::new(1, recorder.clone(), Duration::from_millis(50), "test call");
         let lanes = Arc::new(lanes);
         // The first call is taken at once, then held at the gate past its queue wait: it is
         // still answered.
@@ -394,10 +473,76 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_that_panics_fails_its_calls_and_the_lane_goes_on() {
-        let (lanes, _tasks) = Lanes::spawn(1, Panicky, Duration::from_secs(5), "test call");
+        let lanes = Lanes::new(1, Panicky, Duration::from_secs(5), "test call");
         let err = lanes.submit(echo(13, 1)).await.unwrap_err();
         assert!(matches!(err, StoreError::Internal(_)), "{err:?}");
         assert_eq!(lanes.submit(echo(14, 1)).await.unwrap(), 14);
+    }
+
+    /// Records the task each batch ran on.
+    struct TaskOf(Arc<Mutex<Vec<Option<tokio::task::Id>>>>);
+
+    impl Runner<Echo> for TaskOf {
+        async fn run(&self, jobs: Vec<Echo>) -> Vec<Result<u32, StoreError>> {
+            self.0.lock().push(tokio::task::try_id());
+            jobs.iter().map(|j| Ok(j.value)).collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_finds_its_lane_idle_runs_on_the_callers_task() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let lanes = Arc::new(Lanes::new(
+            1,
+            TaskOf(seen.clone()),
+            Duration::from_secs(5),
+            "test call",
+        ));
+        let caller = tokio::spawn({
+            let lanes = lanes.clone();
+            async move {
+                let answer = lanes.submit(echo(5, 1)).await;
+                (answer, tokio::task::id())
+            }
+        });
+        let (answer, caller_id) = caller.await.unwrap();
+        assert_eq!(answer.unwrap(), 5);
+        assert_eq!(
+            *seen.lock(),
+            vec![Some(caller_id)],
+            "no hand-off to another task"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_caller_dropped_while_leading_a_batch_hands_the_lane_on() {
+        let recorder = Recorder::default();
+        recorder.gated.store(true, Ordering::Release);
+        let lanes = Arc::new(Lanes::new(
+            1,
+            recorder.clone(),
+            Duration::from_secs(5),
+            "test call",
+        ));
+        let leader = tokio::spawn({
+            let lanes = lanes.clone();
+            async move { lanes.submit(echo(1, 1)).await }
+        });
+        while recorder.gated.load(Ordering::Acquire) {
+            tokio::task::yield_now().await;
+        }
+        let queued = tokio::spawn({
+            let lanes = lanes.clone();
+            async move { lanes.submit(echo(2, 1)).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // The leader's request goes away mid-batch: the queued call still runs.
+        leader.abort();
+        assert_eq!(queued.await.unwrap().unwrap(), 20);
+        assert_eq!(lanes.submit(echo(3, 1)).await.unwrap(), 30);
+        assert_eq!(*recorder.batches.lock(), vec![vec![2], vec![3]]);
     }
 
     #[tokio::test]

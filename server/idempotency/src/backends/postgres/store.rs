@@ -12,9 +12,10 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 
-use super::batch::claims::ClaimJob;
-use super::batch::finish::{Finish, FinishJob};
-use super::batch::inserts::InsertJob;
+use super::batch::BatchRunner;
+use super::batch::claims::{ClaimJob, Claims};
+use super::batch::finish::{Finish, FinishJob, Finishes};
+use super::batch::inserts::{InsertJob, Inserts};
 use super::batch_sizes::BatchSizes;
 use super::codec::{
     MAX_NAMESPACE, MAX_REQUEST_DIGEST, MAX_SIDE_KEY, WriteArrays, check_key, check_response,
@@ -58,11 +59,11 @@ pub(crate) struct Inner {
     /// Calls per batch statement for `/metrics`.
     pub(super) batch_sizes: BatchSizes,
     /// The lanes that batch claims ([`super::batch::claims`]).
-    pub(super) claims: Lanes<ClaimJob>,
+    pub(super) claims: Lanes<ClaimJob, BatchRunner<Claims>>,
     /// The lanes that batch completions and releases ([`super::batch::finish`]).
-    pub(super) finishes: Lanes<FinishJob>,
+    pub(super) finishes: Lanes<FinishJob, BatchRunner<Finishes>>,
     /// The lanes that batch write-once inserts ([`super::batch::inserts`]).
-    pub(super) inserts: Lanes<InsertJob>,
+    pub(super) inserts: Lanes<InsertJob, BatchRunner<Inserts>>,
 }
 
 impl PostgresBackend {

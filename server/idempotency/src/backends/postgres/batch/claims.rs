@@ -111,6 +111,9 @@ async fn claim_new(
     let chosen: Vec<usize> = (0..jobs.len())
         .filter(|&i| !jobs[i].general.load(Ordering::Relaxed) && jobs[i].max_live == limit)
         .collect();
+    if let [only] = chosen[..] {
+        return claim_one(inner, client, jobs, only).await;
+    }
     let chosen_jobs = || chosen.iter().map(|&i| jobs[i]);
     let idx: Vec<i32> = (0..chosen.len() as i32).collect();
     let scopes: Vec<&str> = chosen_jobs().map(|j| j.scope.as_str()).collect();
@@ -166,6 +169,59 @@ async fn claim_new(
         items[i] = Item::Done(Ok(Claim::Acquired(HeldClaim {
             scope: jobs[i].scope.clone(),
             key: jobs[i].key.clone(),
+            fence: fence as u64,
+            takeover: None,
+            expires_at_ms: expires_ms.max(0) as u64,
+            handle: None,
+        })));
+    }
+    Ok(items)
+}
+
+/// [`claim_new`] for one call (`jobs[only]`): the same statement with scalar parameters.
+async fn claim_one(
+    inner: &Inner,
+    client: &Object,
+    jobs: &[&ClaimJob],
+    only: usize,
+) -> Result<Vec<Item<Claim>>, Fail> {
+    let job = jobs[only];
+    let row = inner
+        .sql
+        .claim_one
+        .query_one(
+            client,
+            inner.pooling,
+            &[
+                &job.scope,
+                &job.key,
+                &&job.fingerprint[..],
+                &job.ttl_ms,
+                &inner.lease_ms,
+                &job.digest.as_deref(),
+                &job.max_live,
+            ],
+        )
+        .await;
+    let mut items: Vec<Item<Claim>> = jobs
+        .iter()
+        .map(|j| {
+            j.leave_to_general();
+            Item::Next
+        })
+        .collect();
+    let row = match row {
+        Ok(row) => row,
+        Err(Fail::Db(e)) if is_guard(&e) => return Ok(items),
+        Err(e) => return Err(e),
+    };
+    if let (Some(fence), Some(expires_ms)) = (
+        row.try_get::<_, Option<i64>>("fence")?,
+        row.try_get::<_, Option<i64>>("expires_ms")?,
+    ) {
+        items[only] = Item::Done(Ok(Claim::Acquired(HeldClaim {
+            scope: job.scope.clone(),
+            key: job.key.clone(),
             fence: fence as u64,
             takeover: None,
             expires_at_ms: expires_ms.max(0) as u64,

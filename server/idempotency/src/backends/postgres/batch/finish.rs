@@ -111,6 +111,23 @@ impl Kind for Finishes {
         client: &'a mut Object,
         jobs: &'a [&'a FinishJob],
     ) -> Result<Vec<Item<()>>, Fail> {
+        if let [job] = jobs
+            && let Finish::Complete {
+                status,
+                headers,
+                body,
+                puts,
+                removals,
+            } = &job.finish
+            && removals.is_empty()
+        {
+            let applied = complete_one(inner, client, job, *status, headers, body, puts).await?;
+            return Ok(vec![Item::Done(if applied {
+                Ok(())
+            } else {
+                Err(job.lease_lost())
+            })]);
+        }
         let mut completes = Completes::default();
         let mut releases = Releases::default();
         for (i, job) in jobs.iter().enumerate() {
@@ -167,6 +184,37 @@ impl Kind for Finishes {
             })
             .collect())
     }
+}
+
+/// One completion without removals, with scalar parameters (see `sql::Statements::complete_one`):
+/// whether it applied.
+async fn complete_one(
+    inner: &Inner,
+    client: &Object,
+    job: &FinishJob,
+    status: i32,
+    headers: &[u8],
+    body: &[u8],
+    puts: &[Put],
+) -> Result<bool, Fail> {
+    let ns: Vec<&str> = puts.iter().map(|p| p.namespace).collect();
+    let keys: Vec<&str> = puts.iter().map(|p| p.key.as_str()).collect();
+    let values: Vec<&[u8]> = puts.iter().map(|p| &p.value[..]).collect();
+    let after: Vec<Option<i64>> = puts.iter().map(|p| p.after_ms).collect();
+    let at: Vec<Option<i64>> = puts.iter().map(|p| p.at_ms).collect();
+    let row = inner
+        .sql
+        .complete_one
+        .query_one(
+            client,
+            inner.pooling,
+            &[
+                &job.scope, &job.key, &job.fence, &status, &headers, &body, &ns, &keys, &values,
+                &after, &at,
+            ],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>("done")? > 0)
 }
 
 /// The completion statement's arrays.

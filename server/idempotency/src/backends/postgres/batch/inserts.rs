@@ -111,6 +111,9 @@ async fn insert_new(
     let chosen: Vec<usize> = (0..jobs.len())
         .filter(|&i| !jobs[i].general.load(Ordering::Relaxed))
         .collect();
+    if let [only] = chosen[..] {
+        return insert_one(inner, client, jobs, only).await;
+    }
     let arrays = Arrays::of(chosen.iter().map(|&i| jobs[i]));
     let rows = inner
         .sql
@@ -136,6 +139,43 @@ async fn insert_new(
             ))
         })?;
         items[i] = Item::Done(Ok(InsertOnce::Inserted));
+    }
+    Ok(items)
+}
+
+/// [`insert_new`] for one call (`jobs[only]`): the same statement with scalar parameters.
+async fn insert_one(
+    inner: &Inner,
+    client: &Object,
+    jobs: &[&InsertJob],
+    only: usize,
+) -> Result<Vec<Item<InsertOnce>>, Fail> {
+    let job = jobs[only];
+    let row = inner
+        .sql
+        .insert_one
+        .query_one(
+            client,
+            inner.pooling,
+            &[
+                &job.namespace,
+                &job.key,
+                &&job.value[..],
+                &job.after_ms,
+                &job.at_ms,
+                &job.counter,
+            ],
+        )
+        .await?;
+    let mut items: Vec<Item<InsertOnce>> = jobs
+        .iter()
+        .map(|j| {
+            j.general.store(true, Ordering::Relaxed);
+            Item::Next
+        })
+        .collect();
+    if row.try_get::<_, bool>("inserted")? {
+        items[only] = Item::Done(Ok(InsertOnce::Inserted));
     }
     Ok(items)
 }
