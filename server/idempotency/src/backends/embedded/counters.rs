@@ -4,8 +4,13 @@
 //! so inserts of keys in different stripes neither queue behind one lock nor rewrite one record.
 //! Invariants: a stripe's in-memory copy is loaded from the log on first use and changes only
 //! under its lock, together with the append that persists it; a stripe record that does not parse
-//! is an error, never zero, so a counter cannot go down. The names are on disk: changing them
-//! loses existing counts.
+//! is an error, never zero, so a counter cannot go down.
+//!
+//! Migration: data directories written before 0.1.0's release kept counters in the namespace
+//! [`LEGACY_COUNTERS_NAMESPACE`]. A stripe with no record in [`COUNTERS_NAMESPACE`] is read from
+//! there, and the first increment of such a stripe writes its total under the new name and removes
+//! the old record in the same atomic append. Counter names are the application's, so the old
+//! records cannot be listed at open; read-through keeps every count exact whenever it moves.
 
 use std::sync::Arc;
 
@@ -13,9 +18,10 @@ use idemlog::Store;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-/// Namespace of counter records. The name predates the store interface (the provider's charge
-/// counter lived here first) and is kept so existing data directories keep their counts.
-pub const COUNTERS_NAMESPACE: &str = "gateway.counters";
+/// Namespace of counter records (reserved: applications should not write records in it).
+pub const COUNTERS_NAMESPACE: &str = "idemlog.counters";
+/// Where data directories written before 0.1.0's release keep their counters (see the module docs).
+pub const LEGACY_COUNTERS_NAMESPACE: &str = "gateway.counters";
 /// Records per counter, and lock stripes of `insert_once`: inserts of keys in different stripes
 /// do not queue behind one lock or one counter record.
 pub const COUNTER_STRIPES: usize = 16;
@@ -27,7 +33,14 @@ pub(super) struct Counters {
 }
 
 /// One counter's persisted stripes; each lock also serialises `insert_once` for its keys.
-pub(super) type Stripes = Arc<[Mutex<u64>]>;
+pub(super) type Stripes = Arc<[Mutex<Stripe>]>;
+
+/// One stripe's value, and whether it still lives under [`LEGACY_COUNTERS_NAMESPACE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stripe {
+    pub(super) value: u64,
+    pub(super) legacy: bool,
+}
 
 impl Counters {
     pub(super) fn stripes(&self, store: &Store, name: &'static str) -> idemlog::Result<Stripes> {
@@ -45,21 +58,32 @@ impl Counters {
     }
 }
 
-/// One stripe of a persisted counter as the log holds it. Blocking: a stripe whose latest record is
-/// not durable yet is waited for, so a value read here survives a crash.
-pub(super) fn read_stripe(store: &Store, name: &str, stripe: usize) -> idemlog::Result<u64> {
+/// One stripe of a persisted counter as the log holds it, under its current namespace or else the
+/// legacy one. Blocking: a stripe whose latest record is not durable yet is waited for, so a value
+/// read here survives a crash.
+pub(super) fn read_stripe(store: &Store, name: &str, stripe: usize) -> idemlog::Result<Stripe> {
     let key = counter_key(name, stripe);
-    match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
-        None => Ok(0),
-        // A counter record that does not parse is corrupt data; counting from zero would make the
-        // counter go down, so refuse.
-        Some(bytes) => std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or(idemlog::Error::InvalidArgument(
-                "a counter record does not hold a number",
-            )),
-    }
+    let (bytes, legacy) = match store.side_get(COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
+        Some(bytes) => (bytes, false),
+        None => match store.side_get(LEGACY_COUNTERS_NAMESPACE.as_bytes(), key.as_bytes())? {
+            Some(bytes) => (bytes, true),
+            None => {
+                return Ok(Stripe {
+                    value: 0,
+                    legacy: false,
+                });
+            }
+        },
+    };
+    // A counter record that does not parse is corrupt data; counting from zero would make the
+    // counter go down, so refuse.
+    let value = std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or(idemlog::Error::InvalidArgument(
+            "a counter record does not hold a number",
+        ))?;
+    Ok(Stripe { value, legacy })
 }
 
 pub(super) fn counter_key(name: &str, stripe: usize) -> String {

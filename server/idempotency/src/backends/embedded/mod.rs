@@ -41,10 +41,10 @@ mod counters;
 mod heal;
 mod metrics;
 
-pub use self::counters::{COUNTER_STRIPES, COUNTERS_NAMESPACE};
+pub use self::counters::{COUNTER_STRIPES, COUNTERS_NAMESPACE, LEGACY_COUNTERS_NAMESPACE};
 use crate::backends::embedded::calls::StoreCalls;
 use crate::backends::embedded::convert::{engine_token, held_claim, side_write, side_writes};
-use crate::backends::embedded::counters::{Counters, counter_key, read_stripe, stripe_of};
+use crate::backends::embedded::counters::{Counters, Stripe, counter_key, read_stripe, stripe_of};
 use crate::store::{
     Claim, ClaimExtras, Fingerprint, Gauge, Health, HeldClaim, HistogramMetric, IdempotencyStore,
     InsertOnce, KeyRecord, KeyState, RecordWrite, StoreError, StoredResponse,
@@ -80,10 +80,10 @@ struct Opened {
 /// Whether a deferred call's caller waits for its own write to be durable before it returns.
 ///
 /// Only a write whose effect leaves the process needs its own wait: the completion and the release
-/// that precede a response. A claim and the provider's charge record are followed by the request's
-/// completion or release, and the log makes frames durable in append order, so that wait covers
-/// them; a crash before it loses them together with a request that never got an answer (see
-/// `engine/DURABILITY.md`).
+/// that precede a response. A claim and a write-once record (`insert_once`) are followed by the
+/// request's completion or release, and the log makes frames durable in append order, so that
+/// wait covers them; a crash before it loses them together with a request that never got an
+/// answer (the engine's `DURABILITY.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OwnWrite {
     /// Wait until the call's own write is durable.
@@ -367,16 +367,28 @@ impl IdempotencyStore for EmbeddedBackend {
                 }
                 Deferred::Ready(None, _) => {}
             }
-            let next = *count + 1;
-            let pending = o.store.side_write_deferred(&[
-                side_write(write, now),
-                SideWrite::put(
-                    COUNTERS_NAMESPACE,
-                    counter_key(counter, stripe),
-                    itoa::Buffer::new().format(next).to_owned(),
-                ),
-            ])?;
-            *count = next;
+            let next = count.value + 1;
+            let key = counter_key(counter, stripe);
+            let put = SideWrite::put(
+                COUNTERS_NAMESPACE,
+                key.clone(),
+                itoa::Buffer::new().format(next).to_owned(),
+            );
+            let pending = if count.legacy {
+                // The stripe moves to the current namespace in this append (see `counters`).
+                o.store.side_write_deferred(&[
+                    side_write(write, now),
+                    put,
+                    SideWrite::remove(LEGACY_COUNTERS_NAMESPACE, key),
+                ])?
+            } else {
+                o.store
+                    .side_write_deferred(&[side_write(write, now), put])?
+            };
+            *count = Stripe {
+                value: next,
+                legacy: false,
+            };
             Ok(Deferred::Ready(InsertOnce::Inserted, pending))
         })
         .await
@@ -387,7 +399,7 @@ impl IdempotencyStore for EmbeddedBackend {
         // durable yet must not be shown (a crash could still take both back).
         self.call(move |o| {
             (0..COUNTER_STRIPES)
-                .map(|stripe| read_stripe(&o.store, name, stripe))
+                .map(|stripe| read_stripe(&o.store, name, stripe).map(|s| s.value))
                 .sum()
         })
         .await
