@@ -574,9 +574,9 @@ pub fn build_log(recipe: &[u8]) -> FaultyStorage {
                 let (n, len, side) = (next(), next(), next());
                 if let Some(token) = pick(&tokens, n) {
                     let response = StoredResponse::new(201, vec![b'x'; usize::from(len) * 16])
-                        .with_header("Location", format!("/payments/{len}"));
+                        .with_header("Location", format!("/invoices/{len}"));
                     let side: Vec<SideWrite> = (side % 2 == 0)
-                        .then(|| SideWrite::put("payments", format!("pay-{len}"), "{}"))
+                        .then(|| SideWrite::put("invoices", format!("inv-{len}"), "{}"))
                         .into_iter()
                         .collect();
                     let _ = store.complete(&token, &response, &side);
@@ -594,11 +594,11 @@ pub fn build_log(recipe: &[u8]) -> FaultyStorage {
             }
             5 => clock.advance(Duration::from_millis(u64::from(next()) * 100)),
             6 => {
-                let key = format!("pay-{}", next() % 4);
+                let key = format!("inv-{}", next() % 4);
                 let write = match next() % 3 {
-                    0 => SideWrite::remove("payments", key),
-                    1 => SideWrite::put_with_ttl("payments", key, "{}", Duration::from_secs(1)),
-                    _ => SideWrite::put("payments", key, "{}"),
+                    0 => SideWrite::remove("invoices", key),
+                    1 => SideWrite::put_with_ttl("invoices", key, "{}", Duration::from_secs(1)),
+                    _ => SideWrite::put("invoices", key, "{}"),
                 };
                 let _ = store.side_write(&[write]);
             }

@@ -13,7 +13,7 @@
 //! and checks that a completion's side records share its fate.
 //!
 //! *Unacknowledged* writes ([`Step::ClaimUnacked`], [`Step::SideUnacked`]) are the deferred calls
-//! whose `Pending` nobody waits for, as the server does for a request's claim and its provider
+//! whose `Pending` nobody waits for, as a server does for a request's claim and the write-once
 //! record. The model applies them at once (the process sees them) and remembers the world before
 //! each. The argument that makes skipping those waits safe is checked here:
 //! - any later acknowledged write makes every earlier one durable (prefix durability), so the
@@ -44,7 +44,7 @@ const KEYS: [&str; 4] = ["k0", "k1", "k2", "k3"];
 const TTLS_S: [u64; 3] = [5, 60, 3600];
 /// The lease the simulated store runs with.
 pub const LEASE: Duration = Duration::from_secs(10);
-const SIDE_NS: &str = "payments";
+const SIDE_NS: &str = "invoices";
 
 /// One step of a simulation. Small integers index into fixed universes, so any value is valid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub enum Step {
         /// TTL index.
         ttl: u8,
     },
-    /// Put a side record (like the provider's charge record) through `side_write_deferred`, and do
+    /// Put a side record (like a downstream dedup record) through `side_write_deferred`, and do
     /// not wait for it.
     SideUnacked {
         /// Key index (the side record of that key).
@@ -967,9 +967,9 @@ impl Simulation {
         let now = self.now();
         let response = StoredResponse::new(status, vec![b'x'; usize::from(body_len)])
             .with_header("Content-Type", "application/json")
-            .with_header("Location", format!("/payments/{index}"));
+            .with_header("Location", format!("/invoices/{index}"));
         let side_key = side_key(id.1);
-        let side_value = Bytes::from(format!("payment {index}"));
+        let side_value = Bytes::from(format!("invoice {index}"));
         let writes: Vec<SideWrite> = if side {
             vec![SideWrite::put(
                 SIDE_NS,
@@ -1197,5 +1197,5 @@ fn fingerprint(n: u8) -> Fingerprint {
 }
 
 fn side_key(key: usize) -> String {
-    format!("pay-{}", KEYS[key])
+    format!("inv-{}", KEYS[key])
 }

@@ -1,4 +1,4 @@
-//! Orders: a tiny axum app, not payments, whose `POST /orders` runs once per `Idempotency-Key`
+//! Orders: a tiny axum app whose `POST /orders` runs once per `Idempotency-Key`
 //! on the embedded store. Run it and create an order twice with one key:
 //!
 //! ```sh

@@ -162,7 +162,7 @@ pub enum Expiry {
 /// One business-record write: a value put under `(namespace, key)`, or removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordWrite {
-    /// The record family (`orders`, `invoices`; the payments server uses `payments`).
+    /// The record family (`orders`, `invoices`).
     pub namespace: &'static str,
     /// The record's key inside its namespace.
     pub key: String,
@@ -357,14 +357,21 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 
     /// Writes `write` unless a live record is already under its `(namespace, key)`, and in the same
     /// atomic step adds one to the persisted counter `counter`: check-and-insert is atomic across
-    /// every process sharing the store (the provider's dedup).
+    /// every process sharing the store. What a handler needs to call a downstream system once per
+    /// key: a write-once record under a key derived from the idempotency key (the downstream
+    /// call's own dedup record), and an all-time count of such calls that never goes down.
+    ///
+    /// Like a claim, the insert may return before its write is durable (the request's completion
+    /// or release covers it, see the module docs); an [`InsertOnce::Existing`] it returns is
+    /// durable.
     async fn insert_once(
         &self,
         write: &RecordWrite,
         counter: &'static str,
     ) -> Result<InsertOnce, StoreError>;
 
-    /// The persisted value of a counter (never decreases).
+    /// The persisted value of a counter that [`IdempotencyStore::insert_once`] adds to (never
+    /// decreases; counts every process sharing the store).
     async fn counter(&self, name: &'static str) -> Result<u64, StoreError>;
 
     /// Whether the backend is serving now (readiness). Cheap: no I/O.
@@ -394,5 +401,5 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     async fn close(&self) -> Result<(), StoreError>;
 }
 
-/// A shared store handle, as the layer, handlers and provider hold it.
+/// A shared store handle, as the layer, its handlers and their background tasks hold it.
 pub type StoreHandle = Arc<dyn IdempotencyStore>;

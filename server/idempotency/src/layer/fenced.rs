@@ -24,8 +24,8 @@ const FENCED_WAIT: Duration = Duration::from_secs(2);
 const FENCED_POLL: Duration = Duration::from_millis(20);
 
 /// Our claim was taken over while the handler ran: answer with the winner's result, never ours.
-/// The winner usually finishes soon (the provider dedups its charge onto ours), so wait a little for
-/// its stored response; 409 if it does not come.
+/// The winner usually finishes soon (a downstream system that dedups on a key derived from ours
+/// answers it at once), so wait a little for its stored response; 409 if it does not come.
 pub(crate) async fn fenced(
     store: &dyn IdempotencyStore,
     counts: &OutcomeCounts,

@@ -215,7 +215,7 @@ async fn copies_of_one_key_in_one_batch_are_settled_as_if_they_came_one_after_th
         2,
         "the copies add nothing to the count"
     );
-    // Completion and a copy of its key in one batch of inserts on the provider's side: the first
+    // A write-once record and a copy of its key in one batch of inserts: the first
     // inserts, the copy sees the first's record; the counter counts one.
     let insert = |value: &str| InsertJob {
         namespace: "charges",

@@ -4,8 +4,8 @@
 //!
 //! A completion that also removes records runs its batch in one explicit transaction: the
 //! completion statement, then a `DELETE` of the removals of the completions that applied
-//! (CockroachDB refuses two modifications of one table in one statement). The payments server
-//! never removes.
+//! (CockroachDB refuses two modifications of one table in one statement). Batches of puts only,
+//! the common case, never pay for it.
 
 use bytes::Bytes;
 use deadpool_postgres::Object;
