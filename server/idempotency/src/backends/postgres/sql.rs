@@ -55,6 +55,14 @@ fn unexpired(alias: &str) -> String {
     format!("({prefix}expires_at > now()) IS TRUE")
 }
 
+/// An expression whose transaction, once committed with `synchronous_commit` on, has flushed the WAL
+/// up to its own commit record, and so every commit before it: a transactional logical message
+/// gives the transaction an id and a WAL record of its own. An id alone (`txid_current()`) is not
+/// enough: PostgreSQL commits a transaction that wrote no WAL without waiting for a flush, whatever
+/// `synchronous_commit` says (`RecordTransactionCommit`); a test that compares the WAL flush
+/// position with what a shown claim inserted caught that.
+const FLUSH_RECORD: &str = "pg_catalog.pg_logical_emit_message(true, 'idemlog', 'flush')::text";
+
 /// `expr` (a timestamptz) as epoch milliseconds.
 fn ms(expr: &str) -> String {
     format!("floor(extract(epoch FROM {expr}) * 1000)::bigint")
@@ -243,9 +251,9 @@ impl Statements {
             // it is gone with it, so the downstream effect still happens once. When an answer
             // shows somebody else's claim
             // in progress (a 409, or a mismatch with an in-progress key) the statement instead
-            // keeps the session's `synchronous_commit` and takes a transaction id, so its commit
-            // writes a commit record and waits for the flush that makes the shown claim durable:
-            // nobody acts on a claim a crash could take back. Completed records are written by
+            // keeps the session's `synchronous_commit` and writes a WAL record of its own
+            // (`FLUSH_RECORD`), so its commit waits for the flush that makes the shown claim
+            // durable: nobody acts on a claim a crash could take back. Completed records are written by
             // synchronous commits and are visible only once durable.
             claim: Sql::new(
                 format!(
@@ -326,7 +334,7 @@ impl Statements {
                    SELECT 1 / CASE WHEN consistent THEN 1 ELSE 0 END AS consistent,
                           CASE WHEN shows_claim
                                THEN current_setting('synchronous_commit') || ' '
-                                    || pg_catalog.txid_current()
+                                    || {flush_record}
                                ELSE set_config('synchronous_commit', 'off', true) END AS commit_mode
                    FROM checked
                  )
@@ -352,6 +360,7 @@ impl Statements {
                  LEFT JOIN admitted a ON a.idx = i.idx",
                     exp_ms = ms("k.expires_at"),
                     one_row = ONE_ROW.replace("{c}", "i"),
+                    flush_record = FLUSH_RECORD,
                     next_ms = "GREATEST(1, ceil(extract(epoch FROM (n.expires_at - now())) * 1000))::bigint",
                 ),
                 &[INT4S, TEXTS, TEXTS, BYTEAS, INT8S, BYTEAS, INT8S, INT8],
@@ -570,8 +579,9 @@ impl Statements {
             // Commits without waiting for its WAL flush, like `claim` and for the same reason:
             // a write-once record is written inside a request that answers only after a
             // synchronous completion or release. When it shows an existing record, which may
-            // itself have committed without its flush, it commits with the session's setting and
-            // a transaction id instead, so its commit waits for that record to be durable. Each
+            // itself have committed without its flush, it commits with the session's setting and a
+            // WAL record of its own (`FLUSH_RECORD`) instead, so its commit waits for that record
+            // to be durable. Each
             // counter is striped over `COUNTER_STRIPES` rows, one chosen at random per batch, so
             // concurrent batches do not queue on one row; `counter` sums the stripes.
             insert_once: Sql::new(
@@ -606,7 +616,7 @@ impl Statements {
                  ), settled AS (
                    SELECT CASE WHEN EXISTS (SELECT 1 FROM existing)
                                THEN current_setting('synchronous_commit') || ' '
-                                    || pg_catalog.txid_current()
+                                    || {flush_record}
                                ELSE set_config('synchronous_commit', 'off', true) END AS commit_mode
                  )
                  SELECT s.commit_mode, i.idx, n.k IS NOT NULL AS inserted,
@@ -617,6 +627,7 @@ impl Statements {
                  LEFT JOIN existing e ON e.idx = i.idx",
                     exp = expiry("i.after_ms", "i.at_ms"),
                     one_row = ONE_ROW.replace("{c}", "i"),
+                    flush_record = FLUSH_RECORD,
                 ),
                 &[INT4S, TEXTS, TEXTS, BYTEAS, INT8S, INT8S, TEXTS],
             ),
@@ -624,10 +635,8 @@ impl Statements {
                 format!("SELECT COALESCE(sum(value), 0)::bigint FROM {s}.counters WHERE name = $1"),
                 &[TEXT],
             ),
-            // Forces a WAL flush covering every commit before it: a transaction that takes an
-            // id writes a commit record, and its synchronous commit waits for that record (and
-            // so every earlier one) to be flushed. See `claim`.
-            flush_wal: Sql::new("SELECT pg_catalog.txid_current()".to_string(), &[]),
+            // Forces a WAL flush covering every commit before it (see `FLUSH_RECORD`).
+            flush_wal: Sql::new(format!("SELECT {FLUSH_RECORD}"), &[]),
             // $1 batch size. Returns the rows deleted; takes them off their scopes' counts.
             cleanup_keys: Sql::new(
                 format!(

@@ -432,3 +432,95 @@ async fn lanes_split_concurrent_calls_past_their_bounds_and_answer_every_one() {
     );
     db.drop().await;
 }
+
+/// The WAL positions `(inserted up to, flushed up to)` as the database reports them.
+async fn wal_positions(db: &Db) -> (i64, i64) {
+    let row = db
+        .raw
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint,
+                    pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::bigint",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_shows_a_claim_in_progress_waits_until_that_claim_is_durable() {
+    let Some(db) = Db::new().await else { return };
+    let inner = &*db.store.inner;
+    // Claims commit without waiting for their flush; a later claim that answers "in progress"
+    // (or "mismatch") must not return before the shown claim is flushed. Checked 20 times: the
+    // WAL writer flushes on its own every 200 ms, so without the forced flush most rounds fail.
+    for round in 0..20 {
+        let key = format!("shown-{round}");
+        fence(&run_batch::<Claims>(inner, &[claim("acct", &key, 1)]).await[0]);
+        let (inserted, _) = wal_positions(&db).await;
+        let shown = run_batch::<Claims>(
+            inner,
+            &[
+                claim("acct", &key, 1),
+                claim("acct", &format!("new-{round}"), 1),
+            ],
+        )
+        .await;
+        assert!(
+            matches!(shown[0], Ok(Claim::InProgress { .. })),
+            "{:?}",
+            shown[0]
+        );
+        let (_, flushed) = wal_positions(&db).await;
+        assert!(
+            flushed >= inserted,
+            "round {round}: answered 409 with the claim not flushed ({flushed} < {inserted})"
+        );
+    }
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_write_once_record_or_a_claim_read_back_is_shown_only_once_durable() {
+    let Some(db) = Db::new().await else { return };
+    let inner = &*db.store.inner;
+    let insert = |key: &str| InsertJob {
+        namespace: "charges",
+        key: key.into(),
+        value: Bytes::from_static(b"{}"),
+        after_ms: None,
+        at_ms: None,
+        counter: "charges_total",
+        general: Default::default(),
+    };
+    for round in 0..20 {
+        // The insert commits without its flush; the same record again answers "existing".
+        let key = format!("c-{round}");
+        assert!(matches!(
+            run_batch::<Inserts>(inner, &[insert(&key)]).await[0],
+            Ok(InsertOnce::Inserted)
+        ));
+        let (inserted, _) = wal_positions(&db).await;
+        assert!(matches!(
+            run_batch::<Inserts>(inner, &[insert(&key)]).await[0],
+            Ok(InsertOnce::Existing(_))
+        ));
+        let (_, flushed) = wal_positions(&db).await;
+        assert!(
+            flushed >= inserted,
+            "round {round}: showed an existing record not flushed ({flushed} < {inserted})"
+        );
+        // A claim read back in progress (`get`, as a fenced holder does).
+        let claim_key = format!("g-{round}");
+        fence(&run_batch::<Claims>(inner, &[claim("acct", &claim_key, 1)]).await[0]);
+        let (inserted, _) = wal_positions(&db).await;
+        let record = db.store.get("acct", &claim_key).await.unwrap().unwrap();
+        assert!(matches!(record.state, KeyState::InProgress { .. }));
+        let (_, flushed) = wal_positions(&db).await;
+        assert!(
+            flushed >= inserted,
+            "round {round}: read back a claim not flushed ({flushed} < {inserted})"
+        );
+    }
+    db.drop().await;
+}
