@@ -12,6 +12,9 @@
 //!
 //! The client is a minimal blocking HTTP/1.1 client (`Connection: close`), enough for these tests
 //! and able to do what a library client hides: send a request and hang up before the answer.
+//!
+//! The proxy's harness (the `idemlog-proxy` binary in front of a Python upstream that counts its
+//! effects) is the [`proxy`] module; it builds its binary the same way.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -22,6 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+pub mod proxy;
 
 /// The API key / account pairs every test server gets, unless a test says otherwise.
 pub const KEY_A: &str = "e2e_key_a";
@@ -38,49 +43,46 @@ static BINARY: OnceLock<PathBuf> = OnceLock::new();
 
 /// Path of a freshly built `idemlog-server`.
 pub fn binary() -> &'static Path {
-    BINARY.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        // <target>/<profile dir>/deps/<test exe>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test executable lives in <target>/<profile>/deps")
-            .to_path_buf();
-        let target_dir = profile_dir
-            .parent()
-            .expect("profile directory has a parent")
-            .to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            // `cargo test` builds with the `test` profile into `debug/`: building the binary with the
-            // same profile reuses the dependencies it already compiled.
-            Some("debug") => "test".to_owned(),
-            Some(other) => other.to_owned(),
-            None => "test".to_owned(),
-        };
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("workspace root");
-        let status = Command::new(env!("CARGO"))
-            .current_dir(workspace)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "idemlog-server",
-                "--bin",
-                "idemlog-server",
-            ])
-            .arg("--profile")
-            .arg(&profile)
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "cargo build -p idemlog-server failed");
-        let binary = profile_dir.join(format!("idemlog-server{}", std::env::consts::EXE_SUFFIX));
-        assert!(binary.exists(), "{} was not built", binary.display());
-        binary
-    })
+    BINARY.get_or_init(|| build_workspace_binary("idemlog-server", "idemlog-server"))
+}
+
+/// Builds binary `bin` of workspace package `package` with the test executable's profile, into
+/// its target directory, and returns the binary's path (see the module docs for why).
+pub(crate) fn build_workspace_binary(package: &str, bin: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // <target>/<profile dir>/deps/<test exe>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in <target>/<profile>/deps")
+        .to_path_buf();
+    let target_dir = profile_dir
+        .parent()
+        .expect("profile directory has a parent")
+        .to_path_buf();
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        // `cargo test` builds with the `test` profile into `debug/`: building the binary with the
+        // same profile reuses the dependencies it already compiled.
+        Some("debug") => "test".to_owned(),
+        Some(other) => other.to_owned(),
+        None => "test".to_owned(),
+    };
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(workspace)
+        .args(["build", "--quiet", "-p", package, "--bin", bin])
+        .arg("--profile")
+        .arg(&profile)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build -p {package} failed");
+    let binary = profile_dir.join(format!("{bin}{}", std::env::consts::EXE_SUFFIX));
+    assert!(binary.exists(), "{} was not built", binary.display());
+    binary
 }
 
 /// A temporary data directory, removed on drop.
@@ -413,7 +415,7 @@ fn pay_headers<'a>(auth: &'a str, idempotency_key: &'a str) -> [(&'static str, &
     ]
 }
 
-fn parse_response(raw: &[u8]) -> Reply {
+pub(crate) fn parse_response(raw: &[u8]) -> Reply {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
