@@ -1,0 +1,254 @@
+//! `idemlog-proxy` in front of the Python counting upstream: concurrent copies run the upstream
+//! once, completed keys replay byte for byte, and what is not protected passes through untouched.
+
+use std::sync::Arc;
+
+use idemlog_e2e::proxy::*;
+use idemlog_e2e::*;
+
+#[test]
+fn twenty_concurrent_copies_run_the_upstream_once() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-concurrent");
+    let proxy = Arc::new(Proxy::start(&upstream, dir.path(), &[]));
+    let barrier = Arc::new(std::sync::Barrier::new(20));
+    let threads: Vec<_> = (0..20)
+        .map(|_| {
+            let proxy = Arc::clone(&proxy);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                proxy.post(TENANT_A, "order-1", ORDER, "slow=300")
+            })
+        })
+        .collect();
+    let replies: Vec<Reply> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    assert_eq!(upstream.runs("order-1"), 1, "{replies:#?}");
+    let fresh: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == 201 && !r.replayed())
+        .collect();
+    assert_eq!(fresh.len(), 1, "exactly one first answer: {replies:#?}");
+    for reply in &replies {
+        match reply.status {
+            201 => assert_eq!(reply.body, fresh[0].body, "a replay is the first answer"),
+            409 => assert!(
+                reply.header("retry-after").is_some(),
+                "a 409 for a copy in progress says when to retry: {reply:?}"
+            ),
+            other => panic!("unexpected status {other}: {reply:?}"),
+        }
+        if reply.status == 201 && !std::ptr::eq(reply, fresh[0]) {
+            assert!(reply.replayed(), "{reply:?}");
+        }
+    }
+    // Every copy that got a 409 can now retry and gets the first answer.
+    let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, fresh[0].body);
+    assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn a_replay_is_the_first_answer_byte_for_byte_with_idempotent_replayed() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-replay");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let first = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(!first.replayed(), "{first:?}");
+    let body = first.json();
+    assert_eq!(
+        body["key"], "order-1",
+        "the key reached the upstream as sent"
+    );
+    assert_eq!(body["count"], 1);
+
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(replay.status, 201, "{replay:?}");
+    assert!(replay.replayed(), "Idempotent-Replayed: true: {replay:?}");
+    assert_eq!(
+        replay.body, first.body,
+        "byte for byte (the body holds the upstream's run id, sequence and a nonce)"
+    );
+    for header in ["content-type", "location", "etag"] {
+        assert!(first.header(header).is_some(), "{header} in {first:?}");
+        assert_eq!(
+            replay.header(header),
+            first.header(header),
+            "{header} is on the default allow-list"
+        );
+    }
+    assert_eq!(
+        replay.header("x-upstream-seq"),
+        None,
+        "a header off the allow-list is not stored: {replay:?}"
+    );
+    assert_eq!(upstream.runs("order-1"), 1);
+    assert_eq!(upstream.total(), 1);
+}
+
+#[test]
+fn an_upstream_4xx_is_stored_and_replayed_without_a_second_run() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-4xx");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let first = proxy.post(TENANT_A, "order-1", ORDER, "status=404");
+    assert_eq!(first.status, 404, "{first:?}");
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "status=404");
+    assert_eq!(replay.status, 404, "{replay:?}");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn patch_with_a_key_is_protected_too() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-patch");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let headers = order_headers(TENANT_A, "patch-1", "");
+    let first = proxy.request("PATCH", "/orders/7", &headers, ORDER.as_bytes());
+    assert_eq!(first.status, 201, "{first:?}");
+    let replay = proxy.request("PATCH", "/orders/7", &headers, ORDER.as_bytes());
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    assert_eq!(upstream.runs("patch-1"), 1);
+}
+
+#[test]
+fn requests_without_a_key_and_other_methods_pass_through_untouched() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-passthrough");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    // POST without a key: runs every time, never marked as a replay.
+    let no_key = [
+        (TENANT_HEADER, TENANT_A),
+        ("Content-Type", "application/json"),
+    ];
+    let a = proxy.request("POST", ORDERS, &no_key, ORDER.as_bytes());
+    let b = proxy.request("POST", ORDERS, &no_key, ORDER.as_bytes());
+    assert_eq!((a.status, b.status), (201, 201), "{a:?} {b:?}");
+    assert!(!a.replayed() && !b.replayed());
+    assert_ne!(a.body, b.body, "two runs, two answers");
+    // GET, PUT and DELETE carrying a key: not protected, so each runs.
+    for method in ["GET", "PUT", "DELETE"] {
+        let key = format!("{method}-key");
+        let headers = order_headers(TENANT_A, &key, "");
+        let first = proxy.request(method, "/orders/1?x=1", &headers, b"");
+        let second = proxy.request(method, "/orders/1?x=1", &headers, b"");
+        assert_eq!((first.status, second.status), (201, 201), "{method}");
+        assert!(!second.replayed(), "{method}: {second:?}");
+        assert_ne!(first.body, second.body, "{method} ran twice");
+        assert_eq!(upstream.runs(&key), 2, "{method}");
+        assert_eq!(
+            first.json()["path"],
+            "/orders/1?x=1",
+            "path and query are passed on"
+        );
+    }
+    assert_eq!(upstream.total(), 2 + 6);
+    // Headers reach the upstream unchanged, and the passed-through request has no fencing token.
+    let requests = upstream.requests();
+    let first = &requests[0];
+    assert_eq!(first.method, "POST");
+    assert_eq!(first.header("content-type"), Some("application/json"));
+    assert_eq!(first.body_len, ORDER.len() as u64);
+    assert_eq!(
+        first.header(FENCING_TOKEN),
+        None,
+        "no claim, no fencing token: {first:?}"
+    );
+}
+
+#[test]
+fn the_fencing_token_reaches_the_upstream_and_grows_after_a_release() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-fencing");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let failed = proxy.post(TENANT_A, "order-1", ORDER, "fail");
+    assert_eq!(failed.status, 500, "{failed:?}");
+    let done = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(done.status, 201, "{done:?}");
+    let runs = upstream.requests_with_key("order-1");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let (first, second) = (runs[0].fencing_token(), runs[1].fencing_token());
+    assert!(
+        second > first,
+        "the claim after the release has a larger token: {first} then {second}"
+    );
+    let other = proxy.post(TENANT_A, "order-2", ORDER, "");
+    assert_eq!(other.status, 201);
+    let _ = upstream.requests_with_key("order-2")[0].fencing_token();
+}
+
+#[test]
+fn forwarding_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-forwarding");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let headers = [
+        (TENANT_HEADER, TENANT_A),
+        ("Idempotency-Key", "order-1"),
+        ("Content-Type", "application/json"),
+        ("Host", "shop.example"),
+        ("Connection", "close, X-Hop-Secret"),
+        ("X-Hop-Secret", "must-not-pass"),
+        ("Keep-Alive", "timeout=5"),
+        ("Proxy-Authorization", "Basic c2VjcmV0"),
+        ("X-End-To-End", "kept"),
+    ];
+    let reply = proxy.request("POST", ORDERS, &headers, ORDER.as_bytes());
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let seen = &upstream.requests_with_key("order-1")[0];
+    assert_eq!(seen.header("x-end-to-end"), Some("kept"), "{seen:?}");
+    assert_eq!(seen.header("idempotency-key"), Some("order-1"));
+    for hop in ["x-hop-secret", "keep-alive", "proxy-authorization"] {
+        assert_eq!(seen.header(hop), None, "{hop} is hop-by-hop: {seen:?}");
+    }
+    assert!(
+        seen.header_values("connection")
+            .iter()
+            .all(|v| !v.to_ascii_lowercase().contains("x-hop-secret")),
+        "{seen:?}"
+    );
+    let xff = seen
+        .header("x-forwarded-for")
+        .unwrap_or_else(|| panic!("X-Forwarded-For: {seen:?}"));
+    assert!(xff.contains("127.0.0.1"), "{xff}");
+    assert_eq!(seen.header("x-forwarded-proto"), Some("http"), "{seen:?}");
+    assert_eq!(
+        seen.header("x-forwarded-host"),
+        Some("shop.example"),
+        "{seen:?}"
+    );
+    let forwarded = seen
+        .header("forwarded")
+        .unwrap_or_else(|| panic!("Forwarded: {seen:?}"))
+        .to_ascii_lowercase();
+    assert!(
+        forwarded.contains("for=") && forwarded.contains("127.0.0.1"),
+        "{forwarded}"
+    );
+    assert!(forwarded.contains("proto=http"), "{forwarded}");
+    let _ = seen.fencing_token();
+}
+
+#[test]
+fn an_unprotected_request_needs_no_scope() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-no-scope-needed");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let get = proxy.request("GET", "/anything", &[], b"");
+    assert_eq!(get.status, 201, "{get:?}");
+    let post = proxy.request("POST", "/anything", &[], ORDER.as_bytes());
+    assert_eq!(
+        post.status, 201,
+        "a POST without a key is not protected: {post:?}"
+    );
+    assert_eq!(upstream.total(), 2);
+}

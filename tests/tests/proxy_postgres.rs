@@ -1,0 +1,106 @@
+//! Two `idemlog-proxy` processes on one PostgreSQL database (`--database-url`), as behind a load
+//! balancer: copies of one request spread over both still run the upstream once per key.
+//!
+//! Needs `DATABASE_URL` (`scripts/pg-test-cluster run -- cargo test`). Without it the tests print a
+//! skip line, unless CI set PostgreSQL up (`CI` or `IDEMLOG_REQUIRE_POSTGRES=1`): then they fail.
+//! The proxy has no schema flag, so the keys carry the process id and the time instead: runs
+//! against a database that earlier runs used never meet their keys.
+
+use std::sync::Arc;
+
+use idemlog_e2e::proxy::*;
+use idemlog_e2e::*;
+
+fn database_url() -> Option<String> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            let required = std::env::var_os("CI").is_some()
+                || std::env::var("IDEMLOG_REQUIRE_POSTGRES").as_deref() == Ok("1");
+            assert!(
+                !required,
+                "DATABASE_URL is not set but the PostgreSQL tests are required here"
+            );
+            eprintln!("SKIPPED: DATABASE_URL is not set (see scripts/pg-test-cluster)");
+            None
+        }
+    }
+}
+
+#[test]
+fn concurrent_copies_spread_over_two_proxies_run_the_upstream_once_per_key() {
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let a = Arc::new(Proxy::start_on_database(&upstream, &url, &[]));
+    let b = Arc::new(Proxy::start_on_database(&upstream, &url, &[]));
+    let keys: Vec<String> = (0..4).map(|i| unique_key(&format!("spread{i}"))).collect();
+    let barrier = Arc::new(std::sync::Barrier::new(keys.len() * 10));
+    let threads: Vec<_> = keys
+        .iter()
+        .flat_map(|key| (0..10).map(move |copy| (key.clone(), copy)))
+        .map(|(key, copy)| {
+            let proxy = if copy % 2 == 0 {
+                Arc::clone(&a)
+            } else {
+                Arc::clone(&b)
+            };
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                let reply = proxy.post(TENANT_A, &key, ORDER, "slow=300");
+                (key, reply)
+            })
+        })
+        .collect();
+    let replies: Vec<(String, Reply)> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    for key in &keys {
+        assert_eq!(upstream.runs(key), 1, "{key}: {replies:#?}");
+        let mine: Vec<&Reply> = replies
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, r)| r)
+            .collect();
+        let fresh: Vec<&&Reply> = mine
+            .iter()
+            .filter(|r| r.status == 201 && !r.replayed())
+            .collect();
+        assert_eq!(fresh.len(), 1, "{key}: {mine:#?}");
+        for reply in &mine {
+            match reply.status {
+                201 => assert_eq!(reply.body, fresh[0].body, "{key}"),
+                409 => assert!(reply.header("retry-after").is_some(), "{reply:?}"),
+                other => panic!("{key}: unexpected {other}: {reply:?}"),
+            }
+        }
+        // Both proxies replay it now.
+        for proxy in [&a, &b] {
+            let replay = proxy.post(TENANT_A, key, ORDER, "");
+            assert!(replay.replayed(), "{key}: {replay:?}");
+            assert_eq!(replay.body, fresh[0].body);
+        }
+    }
+    assert_eq!(upstream.total(), keys.len() as u64);
+}
+
+#[test]
+fn a_key_completed_on_one_proxy_replays_on_the_other_and_scopes_stay_apart() {
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let a = Proxy::start_on_database(&upstream, &url, &[]);
+    let b = Proxy::start_on_database(&upstream, &url, &[]);
+    let key = unique_key("handover");
+    let first = a.post(TENANT_A, &key, ORDER, "");
+    assert_eq!(first.status, 201, "{first:?}");
+    let replay = b.post(TENANT_A, &key, ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    let other = b.post(TENANT_A, &key, OTHER_ORDER, "");
+    assert_eq!(other.status, 422, "{other:?}");
+    let tenant_b = b.post(TENANT_B, &key, ORDER, "");
+    assert_eq!(tenant_b.status, 201, "{tenant_b:?}");
+    assert!(!tenant_b.replayed());
+    assert_eq!(upstream.runs(&key), 2, "one run per tenant");
+}

@@ -1,0 +1,202 @@
+//! What `idemlog-proxy` refuses before the upstream runs: another body under a used key (422), a
+//! body over the limit (413), a malformed key (400), a missing or untrusted scope (401), a missing
+//! key on a route that requires one (400). Every refusal is problem+json, and the upstream count
+//! proves the upstream never saw the refused request.
+
+use idemlog_e2e::proxy::*;
+use idemlog_e2e::*;
+
+/// Asserts `reply` is an RFC 9457 problem with `status`.
+fn assert_problem(reply: &Reply, status: u16) {
+    assert_eq!(reply.status, status, "{reply:?}");
+    assert!(
+        reply
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/problem+json")),
+        "problem+json: {reply:?}"
+    );
+    assert_eq!(reply.json()["status"], status, "{}", reply.text());
+}
+
+#[test]
+fn the_same_key_with_another_body_is_422_and_the_upstream_runs_once() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-422");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let first = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(first.status, 201, "{first:?}");
+    let other = proxy.post(TENANT_A, "order-1", OTHER_ORDER, "");
+    assert_problem(&other, 422);
+    assert!(!other.replayed());
+    assert_eq!(upstream.runs("order-1"), 1);
+    // The original request still replays.
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    // Another path under the same key is another request too.
+    let elsewhere = proxy.request(
+        "POST",
+        "/refunds",
+        &order_headers(TENANT_A, "order-1", ""),
+        ORDER.as_bytes(),
+    );
+    assert_problem(&elsewhere, 422);
+    assert_eq!(upstream.total(), 1);
+}
+
+#[test]
+fn a_body_over_the_limit_is_413_and_never_reaches_the_upstream() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-413");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--max-body-bytes", "1024"]);
+    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(4096));
+    let reply = proxy.post(TENANT_A, "order-1", &big, "");
+    assert_problem(&reply, 413);
+    assert_eq!(upstream.total(), 0, "no silent pass-through");
+    // The refusal did not claim the key: the same key with a body within the limit runs.
+    let ok = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(ok.status, 201, "{ok:?}");
+    assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn a_body_over_a_route_limit_is_413() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-413-route");
+    let config_dir = TempDir::new("proxy-413-route-config");
+    let config = write_config(
+        config_dir.path(),
+        "proxy.toml",
+        r#"
+[[route]]
+methods = ["POST"]
+path = "/uploads/**"
+max_body_bytes = 100
+"#,
+    );
+    let config = config.to_str().expect("utf-8 path");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
+    let body = format!(r#"{{"pad": "{}"}}"#, "x".repeat(200));
+    let headers = order_headers(TENANT_A, "upload-1", "");
+    let refused = proxy.request("POST", "/uploads/a/b", &headers, body.as_bytes());
+    assert_problem(&refused, 413);
+    // The default limit (1 MiB) applies elsewhere.
+    let accepted = proxy.post(TENANT_A, "order-1", &body, "");
+    assert_eq!(accepted.status, 201, "{accepted:?}");
+    assert_eq!(upstream.total(), 1);
+}
+
+#[test]
+fn a_malformed_key_is_400_and_never_reaches_the_upstream() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-400");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let too_long = "k".repeat(256);
+    for key in ["has space", "\"unterminated", too_long.as_str()] {
+        let reply = proxy.post(TENANT_A, key, ORDER, "");
+        assert_problem(&reply, 400);
+    }
+    // Two keys on one request.
+    let reply = proxy.request(
+        "POST",
+        ORDERS,
+        &[
+            (TENANT_HEADER, TENANT_A),
+            ("Idempotency-Key", "a"),
+            ("Idempotency-Key", "b"),
+        ],
+        ORDER.as_bytes(),
+    );
+    assert_problem(&reply, 400);
+    assert_eq!(upstream.total(), 0);
+}
+
+#[test]
+fn a_protected_request_without_a_scope_header_is_401() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-401-none");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let reply = proxy.request(
+        "POST",
+        ORDERS,
+        &[
+            ("Idempotency-Key", "order-1"),
+            ("Content-Type", "application/json"),
+        ],
+        ORDER.as_bytes(),
+    );
+    assert_problem(&reply, 401);
+    let empty = proxy.post("", "order-1", ORDER, "");
+    assert_problem(&empty, 401);
+    assert_eq!(upstream.total(), 0);
+}
+
+#[test]
+fn a_scope_header_from_an_untrusted_peer_is_401() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-401-untrusted");
+    // 127.0.0.1 is outside 10.0.0.0/8: the test client is not the trusted gateway.
+    let proxy = Proxy::start_bare(
+        &upstream.url(),
+        dir.path(),
+        &[
+            "--scope-header",
+            TENANT_HEADER,
+            "--trusted-peer",
+            "10.0.0.0/8",
+        ],
+    );
+    let reply = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&reply, 401);
+    assert_eq!(upstream.total(), 0);
+    // Nor does X-Forwarded-For make the peer trusted.
+    let spoofed = proxy.request(
+        "POST",
+        ORDERS,
+        &[
+            (TENANT_HEADER, TENANT_A),
+            ("Idempotency-Key", "order-2"),
+            ("X-Forwarded-For", "10.1.2.3"),
+            ("Forwarded", "for=10.1.2.3"),
+        ],
+        ORDER.as_bytes(),
+    );
+    assert_problem(&spoofed, 401);
+    assert_eq!(upstream.total(), 0);
+}
+
+#[test]
+fn a_route_that_requires_a_key_refuses_a_request_without_one_with_400() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-key-required");
+    let config_dir = TempDir::new("proxy-key-required-config");
+    let config = write_config(
+        config_dir.path(),
+        "proxy.toml",
+        r#"
+[[route]]
+methods = ["POST"]
+path = "/payments/*"
+key = "required"
+"#,
+    );
+    let config = config.to_str().expect("utf-8 path");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
+    let headers = [
+        (TENANT_HEADER, TENANT_A),
+        ("Content-Type", "application/json"),
+    ];
+    let refused = proxy.request("POST", "/payments/card", &headers, ORDER.as_bytes());
+    assert_problem(&refused, 400);
+    assert_eq!(upstream.total(), 0);
+    // `*` is one segment: a deeper path is not this route, so the key stays optional there.
+    let deeper = proxy.request("POST", "/payments/card/extra", &headers, ORDER.as_bytes());
+    assert_eq!(deeper.status, 201, "{deeper:?}");
+    // With a key the route works and is protected.
+    let with_key = order_headers(TENANT_A, "pay-1", "");
+    let first = proxy.request("POST", "/payments/card", &with_key, ORDER.as_bytes());
+    let replay = proxy.request("POST", "/payments/card", &with_key, ORDER.as_bytes());
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(upstream.runs("pay-1"), 1);
+}

@@ -1,0 +1,132 @@
+//! Completed keys of `idemlog-proxy` outlive the process: they replay byte for byte after a clean
+//! restart and after `kill -9` under concurrent load, and none of them runs twice upstream.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemlog_e2e::proxy::*;
+use idemlog_e2e::*;
+
+#[test]
+fn a_completed_key_replays_byte_for_byte_after_a_restart() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-restart");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let first = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(first.status, 201, "{first:?}");
+    let proxy = proxy.restart();
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.header("location"), first.header("location"));
+    assert_eq!(upstream.runs("order-1"), 1);
+    // The fingerprint survived too.
+    let other = proxy.post(TENANT_A, "order-1", OTHER_ORDER, "");
+    assert_eq!(other.status, 422, "{other:?}");
+}
+
+#[test]
+fn kill_9_under_concurrent_load_loses_no_acknowledged_key() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-kill9");
+    let proxy = Arc::new(Proxy::start(&upstream, dir.path(), &[]));
+    let stop = Arc::new(AtomicBool::new(false));
+    // key -> the answer the client got (only keys that got a whole answer).
+    let acknowledged: Arc<Mutex<HashMap<String, Reply>>> = Arc::default();
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let clients: Vec<_> = (0..8)
+        .map(|client| {
+            let proxy = Arc::clone(&proxy);
+            let stop = Arc::clone(&stop);
+            let acknowledged = Arc::clone(&acknowledged);
+            let sent = Arc::clone(&sent);
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("load-{client}-{n}");
+                    n += 1;
+                    sent.lock().expect("sent").push(key.clone());
+                    let headers = order_headers(TENANT_A, &key, "slow=10");
+                    match proxy.try_request("POST", ORDERS, &headers, ORDER.as_bytes()) {
+                        // A whole answer: acknowledged.
+                        Some(reply)
+                            if reply
+                                .header("content-length")
+                                .and_then(|l| l.parse::<usize>().ok())
+                                == Some(reply.body.len()) =>
+                        {
+                            assert_eq!(reply.status, 201, "before the crash: {reply:?}");
+                            acknowledged.lock().expect("acks").insert(key, reply);
+                        }
+                        // Cut off mid-body by the crash: not acknowledged.
+                        Some(_) => break,
+                        // The proxy died under this request.
+                        None => break,
+                    }
+                }
+            })
+        })
+        .collect();
+    wait_until(Duration::from_secs(60), "some acknowledged keys", || {
+        acknowledged.lock().expect("acks").len() >= 40
+    });
+    // The crash, with requests in flight on every client.
+    proxy.signal_kill();
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("client thread");
+    }
+    let Ok(proxy) = Arc::try_unwrap(proxy) else {
+        unreachable!("the clients have ended")
+    };
+    let acknowledged = std::mem::take(&mut *acknowledged.lock().expect("acks"));
+    let sent = std::mem::take(&mut *sent.lock().expect("sent"));
+    let before = upstream.counts();
+    for key in &sent {
+        assert!(
+            before.get(key).copied().unwrap_or(0) <= 1,
+            "{key} ran more than once before the crash"
+        );
+    }
+    for key in acknowledged.keys() {
+        assert_eq!(before.get(key), Some(&1), "{key} was acknowledged");
+    }
+
+    let proxy = proxy.crash_and_restart();
+    for (key, first) in &acknowledged {
+        let headers = order_headers(TENANT_A, key, "");
+        let replay = proxy.request("POST", ORDERS, &headers, ORDER.as_bytes());
+        assert_eq!(replay.status, 201, "{key} after the restart: {replay:?}");
+        assert!(replay.replayed(), "{key} is a replay: {replay:?}");
+        assert_eq!(replay.body, first.body, "{key} byte for byte");
+    }
+    let after = upstream.counts();
+    for key in acknowledged.keys() {
+        assert_eq!(after.get(key), Some(&1), "{key} ran twice");
+    }
+    // The keys in flight at the crash: their effect is unknown, and a retry either replays a
+    // completion that was kept, or waits (409), or runs the key again if it was never kept as
+    // completed. Whatever it does, the answer is a proper one and a replay is never a second run.
+    for key in sent.iter().filter(|k| !acknowledged.contains_key(*k)) {
+        let headers = order_headers(TENANT_A, key, "");
+        let retry = proxy.request("POST", ORDERS, &headers, ORDER.as_bytes());
+        assert!(
+            retry.status == 201 || retry.status == 409,
+            "{key} in flight at the crash: {retry:?}"
+        );
+        let runs = upstream.runs(key);
+        if retry.replayed() {
+            assert_eq!(runs, 1, "{key}: a kept completion, one run");
+        } else {
+            assert!(runs <= 2, "{key}: {runs} runs");
+        }
+    }
+    assert!(
+        acknowledged.len() >= 40,
+        "{} acknowledged keys",
+        acknowledged.len()
+    );
+}

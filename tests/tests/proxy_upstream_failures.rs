@@ -1,0 +1,196 @@
+//! How `idemlog-proxy` settles a key when the upstream fails: a 5xx releases it (the retry runs
+//! again), a refused connection is a 502 and releases it, and a hang or a connection lost after
+//! the request was sent is a 504 that keeps the key in progress until its lease ends, because the
+//! effect may have happened: retries get 409 with `Retry-After` and the upstream does not run again.
+
+use std::time::{Duration, Instant};
+
+use idemlog_e2e::proxy::*;
+use idemlog_e2e::*;
+
+fn assert_problem(reply: &Reply, status: u16) {
+    assert_eq!(reply.status, status, "{reply:?}");
+    assert!(
+        reply
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/problem+json")),
+        "problem+json: {reply:?}"
+    );
+}
+
+#[test]
+fn an_upstream_500_releases_the_key_and_the_retry_runs_again() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-500");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let failed = proxy.post(TENANT_A, "order-1", ORDER, "fail");
+    assert_eq!(failed.status, 500, "{failed:?}");
+    assert_eq!(
+        failed.json()["outcome"],
+        "failed",
+        "the upstream's own answer"
+    );
+    assert!(!failed.replayed());
+    let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(!retry.replayed(), "a released key runs again: {retry:?}");
+    assert_eq!(upstream.runs("order-1"), 2);
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "fail");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(
+        replay.body, retry.body,
+        "the 201 is what is kept, not the 500"
+    );
+    assert_eq!(upstream.runs("order-1"), 2);
+}
+
+#[test]
+fn release_statuses_of_a_route_choose_what_releases() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-release-statuses");
+    let config_dir = TempDir::new("proxy-release-statuses-config");
+    let config = write_config(
+        config_dir.path(),
+        "proxy.toml",
+        r#"
+[[route]]
+path = "/strict/**"
+release_statuses = [503]
+
+[[route]]
+path = "/lenient/**"
+release_statuses = ["4xx", "5xx"]
+"#,
+    );
+    let config = config.to_str().expect("utf-8 path");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
+
+    // /strict: only 503 releases, so a 500 is kept and replayed.
+    let h = order_headers(TENANT_A, "strict-500", "fail");
+    let first = proxy.request("POST", "/strict/a", &h, ORDER.as_bytes());
+    assert_eq!(first.status, 500, "{first:?}");
+    let again = proxy.request("POST", "/strict/a", &h, ORDER.as_bytes());
+    assert_eq!(again.status, 500, "{again:?}");
+    assert!(again.replayed(), "a 500 outside release_statuses is kept");
+    assert_eq!(again.body, first.body);
+    assert_eq!(upstream.runs("strict-500"), 1);
+    let h = order_headers(TENANT_A, "strict-503", "status=503");
+    let first = proxy.request("POST", "/strict/a", &h, ORDER.as_bytes());
+    assert_eq!(first.status, 503, "{first:?}");
+    let again = proxy.request("POST", "/strict/a", &h, ORDER.as_bytes());
+    assert!(!again.replayed(), "503 releases: {again:?}");
+    assert_eq!(upstream.runs("strict-503"), 2);
+
+    // /lenient: a 404 releases too.
+    let h = order_headers(TENANT_A, "lenient-404", "status=404");
+    let first = proxy.request("POST", "/lenient/a/b", &h, ORDER.as_bytes());
+    assert_eq!(first.status, 404, "{first:?}");
+    let again = proxy.request("POST", "/lenient/a/b", &h, ORDER.as_bytes());
+    assert!(!again.replayed(), "4xx releases here: {again:?}");
+    assert_eq!(upstream.runs("lenient-404"), 2);
+
+    // Elsewhere the default: a 404 is kept.
+    let h = order_headers(TENANT_A, "default-404", "status=404");
+    let _ = proxy.request("POST", ORDERS, &h, ORDER.as_bytes());
+    let again = proxy.request("POST", ORDERS, &h, ORDER.as_bytes());
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(upstream.runs("default-404"), 1);
+}
+
+#[test]
+fn an_upstream_hang_is_504_and_no_retry_runs_while_the_lease_holds() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-hang");
+    let proxy = Proxy::start(
+        &upstream,
+        dir.path(),
+        &["--upstream-timeout", "1s", "--lease", "60s"],
+    );
+    let start = Instant::now();
+    let hung = proxy.post(TENANT_A, "order-1", ORDER, "hang");
+    assert_problem(&hung, 504);
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "the timeout is 1s, took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(upstream.runs("order-1"), 1);
+    // The effect is unknown: the key stays in progress, so a retry is told to wait, not run.
+    for _ in 0..3 {
+        let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+        assert_problem(&retry, 409);
+        let after: u64 = retry
+            .header("retry-after")
+            .unwrap_or_else(|| panic!("Retry-After on the 409: {retry:?}"))
+            .parse()
+            .expect("Retry-After in seconds");
+        assert!(after <= 60, "within the lease: {after}");
+    }
+    assert_eq!(upstream.runs("order-1"), 1, "no second run");
+    // Other keys are not held up.
+    let other = proxy.post(TENANT_A, "order-2", ORDER, "");
+    assert_eq!(other.status, 201, "{other:?}");
+}
+
+#[test]
+fn after_a_504_the_first_retry_past_the_lease_runs_with_a_larger_fencing_token() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-hang-lease");
+    let proxy = Proxy::start(
+        &upstream,
+        dir.path(),
+        &["--upstream-timeout", "500ms", "--lease", "2s"],
+    );
+    let hung = proxy.post(TENANT_A, "order-1", ORDER, "hang");
+    assert_problem(&hung, 504);
+    let early = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&early, 409);
+    assert_eq!(upstream.runs("order-1"), 1);
+    std::thread::sleep(Duration::from_millis(2500));
+    let late = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(late.status, 201, "the lease ended: {late:?}");
+    assert!(!late.replayed());
+    let runs = upstream.requests_with_key("order-1");
+    assert_eq!(runs.len(), 2);
+    assert!(
+        runs[1].fencing_token() > runs[0].fencing_token(),
+        "the takeover's token is larger, so the upstream can refuse the stale holder"
+    );
+}
+
+#[test]
+fn a_connection_lost_after_sending_is_504_and_keeps_the_key() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-lost");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--lease", "60s"]);
+    let lost = proxy.post(TENANT_A, "order-1", ORDER, "close");
+    assert_problem(&lost, 504);
+    assert_eq!(upstream.runs("order-1"), 1, "sent once, not retried");
+    let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&retry, 409);
+    assert!(retry.header("retry-after").is_some(), "{retry:?}");
+    assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn a_refused_connection_is_502_and_releases_the_key() {
+    let port = free_port();
+    let dir = TempDir::new("proxy-refused");
+    let proxy = Proxy::start_bare(
+        &format!("http://127.0.0.1:{port}"),
+        dir.path(),
+        &TRUSTED_TENANT_HEADER,
+    );
+    let refused = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&refused, 502);
+    let again = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&again, 502);
+    // The upstream comes up on that port: the released key runs now, once.
+    let upstream = Upstream::start_on_port(port);
+    let ok = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(ok.status, 201, "released, so it runs: {ok:?}");
+    assert!(!ok.replayed());
+    assert_eq!(upstream.runs("order-1"), 1);
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+}
