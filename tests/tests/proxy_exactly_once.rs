@@ -201,6 +201,8 @@ fn forwarding_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
         ("Keep-Alive", "timeout=5"),
         ("Proxy-Authorization", "Basic c2VjcmV0"),
         ("X-End-To-End", "kept"),
+        // A client cannot choose the token the upstream sees.
+        (FENCING_TOKEN, "18446744073709551615"),
     ];
     let reply = proxy.request("POST", ORDERS, &headers, ORDER.as_bytes());
     assert_eq!(reply.status, 201, "{reply:?}");
@@ -235,7 +237,26 @@ fn forwarding_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
         "{forwarded}"
     );
     assert!(forwarded.contains("proto=http"), "{forwarded}");
-    let _ = seen.fencing_token();
+    assert_eq!(seen.header_values(FENCING_TOKEN).len(), 1, "{seen:?}");
+    assert_ne!(
+        seen.fencing_token(),
+        u64::MAX,
+        "the client's token was dropped"
+    );
+    // Nor on a request passed through.
+    let passed = proxy.request(
+        "POST",
+        ORDERS,
+        &[(FENCING_TOKEN, "7"), ("X-Passed", "yes")],
+        ORDER.as_bytes(),
+    );
+    assert_eq!(passed.status, 201, "{passed:?}");
+    let seen = upstream
+        .requests()
+        .into_iter()
+        .find(|r| r.header("x-passed").is_some())
+        .expect("the passed-through request");
+    assert_eq!(seen.header(FENCING_TOKEN), None, "{seen:?}");
 }
 
 #[test]
