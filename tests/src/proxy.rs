@@ -639,6 +639,29 @@ pub fn order_headers<'a>(
     headers
 }
 
+/// An HS256 JWT with `claims` (JSON; `exp` in seconds from now, negative for the past), signed
+/// with the secret in `secret_file`, minted by `tests/upstream/mint_jwt.py`; `alg` is `HS256` or
+/// `none`.
+pub fn mint_jwt(secret_file: &Path, claims: &str, alg: &str) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream/mint_jwt.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(secret_file)
+        .arg(claims)
+        .arg(alg)
+        .output()
+        .expect("run python3 tests/upstream/mint_jwt.py");
+    assert!(
+        out.status.success(),
+        "mint_jwt.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("a token is ASCII")
+        .trim()
+        .to_owned()
+}
+
 /// Writes `text` to `name` in `dir` (a TOML route file) and returns its path.
 pub fn write_config(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);

@@ -1,7 +1,10 @@
 //! `idemlog-proxy` in front of the Python counting upstream: concurrent copies run the upstream
 //! once, completed keys replay byte for byte, and what is not protected passes through untouched.
 
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Duration;
 
 use idemlog_e2e::proxy::*;
 use idemlog_e2e::*;
@@ -272,4 +275,40 @@ fn an_unprotected_request_needs_no_scope() {
         "a POST without a key is not protected: {post:?}"
     );
     assert_eq!(upstream.total(), 2);
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_request_still_gets_the_completed_answer_on_retry() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-hangup");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    {
+        let mut stream = TcpStream::connect(proxy.addr).expect("connect");
+        let head = format!(
+            "POST {ORDERS} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{TENANT_HEADER}: {TENANT_A}\r\n\
+             Idempotency-Key: order-1\r\nContent-Type: application/json\r\n{BEHAVIOUR}: slow=800\r\n\
+             Content-Length: {}\r\n\r\n{ORDER}",
+            proxy.addr,
+            ORDER.len()
+        );
+        stream.write_all(head.as_bytes()).expect("send");
+        wait_until(Duration::from_secs(10), "the upstream run", || {
+            upstream.runs("order-1") == 1
+        });
+        // The client gives up while the upstream is still working.
+    }
+    // The run completes and is kept: the retry is its replay, not a second run.
+    let mut reply = proxy.post(TENANT_A, "order-1", ORDER, "");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reply.status == 409 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        reply = proxy.post(TENANT_A, "order-1", ORDER, "");
+    }
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert!(
+        reply.replayed(),
+        "the abandoned run was completed: {reply:?}"
+    );
+    assert_eq!(reply.json()["key"], "order-1");
+    assert_eq!(upstream.runs("order-1"), 1);
 }

@@ -52,3 +52,104 @@ fn a_tenant_waiting_on_its_own_key_is_not_blocked_by_another_tenants_run() {
     assert_ne!(a.body, b.body);
     assert_eq!(upstream.runs("order-1"), 2);
 }
+
+#[test]
+fn a_verified_bearer_jwt_is_the_scope_and_a_bad_one_is_401() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-jwt");
+    let keys = TempDir::new("proxy-jwt-keys");
+    let secret = write_config(keys.path(), "secret", "0123456789abcdef0123456789abcdef\n");
+    let other_secret = write_config(keys.path(), "other", "fedcba9876543210fedcba9876543210");
+    let secret_arg = secret.to_str().expect("utf-8 path");
+    let proxy = Proxy::start_bare(
+        &upstream.url(),
+        dir.path(),
+        &[
+            "--jwt-hs256-secret-file",
+            secret_arg,
+            "--jwt-issuer",
+            "shop-auth",
+            "--jwt-audience",
+            "shop-api",
+        ],
+    );
+    let token = |secret: &std::path::Path, claims: &str, alg: &str| {
+        format!("Bearer {}", mint_jwt(secret, claims, alg))
+    };
+    let post = |authorization: &str| {
+        proxy.request(
+            "POST",
+            ORDERS,
+            &[
+                ("Authorization", authorization),
+                ("Idempotency-Key", "order-1"),
+                ("Content-Type", "application/json"),
+            ],
+            ORDER.as_bytes(),
+        )
+    };
+    let claims = |sub: &str| {
+        format!(r#"{{"sub": "{sub}", "iss": "shop-auth", "aud": "shop-api", "exp": 600}}"#)
+    };
+    let alice = token(&secret, &claims("alice"), "HS256");
+    let bob = token(&secret, &claims("bob"), "HS256");
+    let a = post(&alice);
+    let b = post(&bob);
+    assert_eq!((a.status, b.status), (201, 201), "{a:?} {b:?}");
+    assert!(!b.replayed(), "bob is not replayed alice's answer");
+    assert_eq!(upstream.runs("order-1"), 2);
+    // A second token of alice (another iat) is the same scope: the scope is the claim, not the
+    // token.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let alice_again = token(&secret, &claims("alice"), "HS256");
+    assert_ne!(alice_again, alice);
+    let replay = post(&alice_again);
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, a.body);
+
+    let refused = [
+        (
+            "another secret",
+            token(&other_secret, &claims("alice"), "HS256"),
+        ),
+        (
+            "another issuer",
+            token(
+                &secret,
+                r#"{"sub": "alice", "iss": "evil", "aud": "shop-api", "exp": 600}"#,
+                "HS256",
+            ),
+        ),
+        (
+            "another audience",
+            token(
+                &secret,
+                r#"{"sub": "alice", "iss": "shop-auth", "aud": "other", "exp": 600}"#,
+                "HS256",
+            ),
+        ),
+        (
+            "expired",
+            token(
+                &secret,
+                r#"{"sub": "alice", "iss": "shop-auth", "aud": "shop-api", "exp": -3600}"#,
+                "HS256",
+            ),
+        ),
+        ("unsigned", token(&secret, &claims("alice"), "none")),
+        ("not a JWT", "Bearer not-a-jwt".to_owned()),
+    ];
+    for (what, authorization) in &refused {
+        let reply = post(authorization);
+        assert_eq!(reply.status, 401, "{what}: {reply:?}");
+        assert!(!reply.replayed(), "{what}");
+    }
+    let none = proxy.request(
+        "POST",
+        ORDERS,
+        &[("Idempotency-Key", "order-1")],
+        ORDER.as_bytes(),
+    );
+    assert_eq!(none.status, 401, "no token: {none:?}");
+    assert_eq!(upstream.runs("order-1"), 2, "no refused request ran");
+}

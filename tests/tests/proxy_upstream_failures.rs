@@ -139,14 +139,14 @@ fn after_a_504_the_first_retry_past_the_lease_runs_with_a_larger_fencing_token()
     let proxy = Proxy::start(
         &upstream,
         dir.path(),
-        &["--upstream-timeout", "500ms", "--lease", "2s"],
+        &["--upstream-timeout", "1s", "--lease", "3s"],
     );
     let hung = proxy.post(TENANT_A, "order-1", ORDER, "hang");
     assert_problem(&hung, 504);
     let early = proxy.post(TENANT_A, "order-1", ORDER, "");
     assert_problem(&early, 409);
     assert_eq!(upstream.runs("order-1"), 1);
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(3500));
     let late = proxy.post(TENANT_A, "order-1", ORDER, "");
     assert_eq!(late.status, 201, "the lease ended: {late:?}");
     assert!(!late.replayed());
@@ -193,4 +193,34 @@ fn a_refused_connection_is_502_and_releases_the_key() {
     assert_eq!(upstream.runs("order-1"), 1);
     let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
     assert!(replay.replayed(), "{replay:?}");
+}
+
+#[test]
+fn a_run_longer_than_the_lease_keeps_its_claim_and_no_copy_runs() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-renewal");
+    // The lease is renewed while the upstream is being waited for: a slow run is not taken over.
+    let proxy = std::sync::Arc::new(Proxy::start(
+        &upstream,
+        dir.path(),
+        &["--lease", "1s", "--upstream-timeout", "20s"],
+    ));
+    let slow = {
+        let proxy = std::sync::Arc::clone(&proxy);
+        std::thread::spawn(move || proxy.post(TENANT_A, "order-1", ORDER, "slow=3500"))
+    };
+    wait_until(Duration::from_secs(10), "the slow run", || {
+        upstream.runs("order-1") == 1
+    });
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(500));
+        let copy = proxy.post(TENANT_A, "order-1", ORDER, "");
+        assert_problem(&copy, 409);
+    }
+    let first = slow.join().expect("thread");
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(upstream.runs("order-1"), 1, "no copy ran past the lease");
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
 }
