@@ -70,6 +70,7 @@
 
 pub mod backends;
 pub mod digest;
+mod directive;
 pub mod fingerprint;
 pub mod key;
 pub mod layer;
@@ -86,10 +87,12 @@ pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use directive::ClaimDirective;
 pub use fingerprint::FingerprintMode;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{
-    IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight, KEY_FIELD, SCOPE_FIELD,
+    IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight, KEY_FIELD, ReleaseStatuses,
+    SCOPE_FIELD,
 };
 pub use outcome::{Outcome, OutcomeCounts};
 pub use problem::Problem;
