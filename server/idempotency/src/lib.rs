@@ -9,8 +9,14 @@
 //! - the request is fingerprinted ([`fingerprint`]); the same key with another fingerprint → 422;
 //! - the same key while the first request runs → 409 with `Retry-After`;
 //! - a completed key → the stored response replayed ([`replay`]);
-//! - 2xx/4xx are stored, a 5xx or a panic releases the key; a client disconnect cannot stop the
-//!   handler or the completion halfway: what is left moves to a task of its own ([`layer`]).
+//! - 2xx/4xx are stored, a 5xx or a panic releases the key (the releasing statuses and the stored
+//!   headers are settings of [`IdempotencyConfig`]); a client disconnect cannot stop the handler
+//!   or the completion halfway: what is left moves to a task of its own ([`layer`]);
+//! - a handler that knows more than its status says so with a [`ClaimDirective`] response
+//!   extension: `Release` (it certainly had no effect) or `EffectUnknown` (the key stays in
+//!   progress until its lease runs out, as a reverse proxy needs after an upstream timeout);
+//! - a response larger than `max_response_bytes` is still sent whole; the key is completed without
+//!   its body, and a replay says so ([`replay::body_not_kept`]).
 //!
 //! Handlers hand business records to the layer as a [`SideRecords`] response extension: the layer
 //! takes them off the response and writes them in the same atomic store call as the completion, so
@@ -70,6 +76,7 @@
 
 pub mod backends;
 pub mod digest;
+mod directive;
 pub mod fingerprint;
 pub mod key;
 pub mod layer;
@@ -86,10 +93,12 @@ pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use directive::ClaimDirective;
 pub use fingerprint::FingerprintMode;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{
-    IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight, KEY_FIELD, SCOPE_FIELD,
+    IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight, KEY_FIELD, ReleaseStatuses,
+    SCOPE_FIELD,
 };
 pub use outcome::{Outcome, OutcomeCounts};
 pub use problem::Problem;

@@ -39,11 +39,17 @@ pub enum Outcome {
     /// `quota_exceeded`: a new key from a scope that already holds its limit of live keys →
     /// 429; nothing was claimed.
     QuotaExceeded,
+    /// `effect_unknown`: the inner service said its effect is unknown
+    /// ([`ClaimDirective::EffectUnknown`](crate::ClaimDirective)); the key was neither completed
+    /// nor released and stays in progress until its lease runs out.
+    EffectUnknown,
+    /// `no_key`: no `Idempotency-Key` on a layer whose key is optional; passed through untouched.
+    NoKey,
 }
 
 impl Outcome {
     /// Every outcome, in the order metrics list them.
-    pub const ALL: [Outcome; 14] = [
+    pub const ALL: [Outcome; 16] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Replayed,
@@ -58,6 +64,8 @@ impl Outcome {
         Outcome::Unauthenticated,
         Outcome::StoreError,
         Outcome::QuotaExceeded,
+        Outcome::EffectUnknown,
+        Outcome::NoKey,
     ];
 
     /// The metric label value.
@@ -77,6 +85,8 @@ impl Outcome {
             Outcome::Unauthenticated => "unauthenticated",
             Outcome::StoreError => "store_error",
             Outcome::QuotaExceeded => "quota_exceeded",
+            Outcome::EffectUnknown => "effect_unknown",
+            Outcome::NoKey => "no_key",
         }
     }
 

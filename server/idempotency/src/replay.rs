@@ -1,18 +1,23 @@
 //! Turning a handler's response into a stored one, and a stored one back into a replay.
 //!
-//! Only an allow-list of headers is stored and replayed: `Content-Type`, `Location` and `ETag`.
-//! Everything else (notably `Set-Cookie`, which may carry a session for the first caller only) is
-//! left out. Status and body bytes are stored exactly; a replay adds `Idempotent-Replayed: true`.
+//! Only an allow-list of headers is stored and replayed: by default `Content-Type`, `Location` and
+//! `ETag` ([`STORED_HEADERS`]; `IdempotencyConfig::stored_headers` changes it). Everything else
+//! (notably `Set-Cookie`, which may carry a session for the first caller only) is left out unless
+//! listed. Status and body bytes are stored exactly; a replay adds `Idempotent-Replayed: true`.
+//!
+//! A response whose body is larger than what is stored is recorded by [`body_not_kept`]: its
+//! status and allow-listed headers, with a problem+json body saying the request completed with that
+//! status and its body was not kept. Replaying it needs nothing special.
 
 use axum::body::Body;
-use axum::http::header::{CONTENT_TYPE, ETAG, LOCATION};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
 use axum::http::response::Parts;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use idemlog::StoredResponse;
 
-use crate::problem::Problem;
+use crate::problem::{PROBLEM_JSON, Problem};
 
 /// Header added to every replayed response.
 pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -20,10 +25,15 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// Headers that are stored and replayed.
 pub const STORED_HEADERS: [HeaderName; 3] = [CONTENT_TYPE, LOCATION, ETAG];
 
-/// The stored form of a response.
+/// The stored form of a response, with the default allow-list.
 pub fn to_stored(parts: &Parts, body: Bytes) -> StoredResponse {
+    to_stored_with(parts, body, &STORED_HEADERS)
+}
+
+/// The stored form of a response, keeping the headers named in `allowed`.
+pub fn to_stored_with(parts: &Parts, body: Bytes, allowed: &[HeaderName]) -> StoredResponse {
     let mut stored = StoredResponse::new(parts.status.as_u16(), body);
-    for name in &STORED_HEADERS {
+    for name in allowed {
         for value in parts.headers.get_all(name) {
             stored = stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
         }
@@ -31,8 +41,50 @@ pub fn to_stored(parts: &Parts, body: Bytes) -> StoredResponse {
     stored
 }
 
-/// The replay of a stored response.
+/// The `type` slug of the body stored in place of one too large to keep.
+pub const BODY_NOT_KEPT: &str = "response-body-not-kept";
+
+/// What is stored for a response whose body exceeded `limit` bytes: its status and its
+/// allow-listed headers (but `Content-Type`, `Content-Length`), with a problem+json body that says
+/// the request completed with this status and its body was not kept. Its replay therefore tells
+/// a retrying client the truth (it ran, with this status, and `Location` still points to what it
+/// made) without running the request again.
+pub fn body_not_kept(parts: &Parts, limit: usize, allowed: &[HeaderName]) -> StoredResponse {
+    let status = parts.status.as_u16();
+    let problem = Problem::new(
+        parts.status,
+        BODY_NOT_KEPT,
+        "Request completed; response body not kept",
+        format!(
+            "the request with this Idempotency-Key completed with status {status}, but its \
+             response body was larger than the {limit} bytes kept for replay, so it cannot be \
+             shown again; the request was not run again"
+        ),
+    );
+    let mut stored = StoredResponse::new(status, Bytes::from(problem.body())).with_header(
+        CONTENT_TYPE.as_str(),
+        Bytes::from_static(PROBLEM_JSON.as_bytes()),
+    );
+    for name in allowed {
+        if name == CONTENT_TYPE || name == CONTENT_LENGTH {
+            continue;
+        }
+        for value in parts.headers.get_all(name) {
+            stored = stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
+        }
+    }
+    stored
+}
+
+/// The replay of a stored response, with the default allow-list.
 pub fn replay(stored: StoredResponse) -> Response {
+    replay_with(stored, &STORED_HEADERS)
+}
+
+/// The replay of a stored response. Headers are checked against `allowed` again (plus
+/// `Content-Type`, which [`body_not_kept`] always writes), so nothing outside the allow-list can
+/// ever be replayed.
+pub fn replay_with(stored: StoredResponse, allowed: &[HeaderName]) -> Response {
     let Ok(status) = StatusCode::from_u16(stored.status) else {
         return Problem::internal(format!(
             "stored response has invalid status {}",
@@ -45,8 +97,9 @@ pub fn replay(stored: StoredResponse) -> Response {
     let headers = response.headers_mut();
     for (name, value) in stored.headers {
         // Only allow-listed names were stored; check again so nothing else can ever be replayed.
-        let Some(name) = STORED_HEADERS
+        let Some(name) = allowed
             .iter()
+            .chain(std::iter::once(&CONTENT_TYPE))
             .find(|allowed| allowed.as_str().eq_ignore_ascii_case(&name))
         else {
             continue;
@@ -87,6 +140,56 @@ mod tests {
         assert_eq!(h[REPLAYED], "true");
         assert!(h.get(SET_COOKIE).is_none());
         assert!(h.get("x-request-id").is_none());
+    }
+
+    #[test]
+    fn a_configured_allow_list_replaces_the_default() {
+        let response = Response::builder()
+            .status(200)
+            .header(CONTENT_TYPE, "text/plain")
+            .header(SET_COOKIE, "a=b")
+            .header("x-custom", "1")
+            .header(ETAG, "\"e\"")
+            .body(())
+            .expect("response");
+        let (parts, ()) = response.into_parts();
+        let allowed = [SET_COOKIE, HeaderName::from_static("x-custom")];
+        let stored = to_stored_with(&parts, Bytes::from_static(b"x"), &allowed);
+        assert_eq!(stored.headers.len(), 2);
+        let replayed = replay_with(stored, &allowed);
+        assert_eq!(replayed.headers()[SET_COOKIE], "a=b");
+        assert_eq!(replayed.headers()["x-custom"], "1");
+        assert!(replayed.headers().get(ETAG).is_none());
+        // A stored header outside the replaying allow-list is dropped.
+        let stored = StoredResponse::new(200, "x").with_header("x-custom", "1");
+        assert!(replay(stored).headers().get("x-custom").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_body_not_kept_replays_its_status_headers_and_a_problem() {
+        let response = Response::builder()
+            .status(201)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .header(CONTENT_LENGTH, "5000000")
+            .header(LOCATION, "/files/1")
+            .body(())
+            .expect("response");
+        let (parts, ()) = response.into_parts();
+        let stored = body_not_kept(&parts, 1024, &STORED_HEADERS);
+        let replayed = replay(stored);
+        assert_eq!(replayed.status(), StatusCode::CREATED);
+        assert_eq!(replayed.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(replayed.headers()[LOCATION], "/files/1");
+        assert_eq!(replayed.headers()[REPLAYED], "true");
+        let body = axum::body::to_bytes(replayed.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(json["status"], 201);
+        assert_eq!(json["type"], "urn:idemlog:problem:response-body-not-kept");
+        let detail = json["detail"].as_str().expect("detail");
+        assert!(detail.contains("completed with status 201"), "{detail}");
+        assert!(detail.contains("not run again"), "{detail}");
     }
 
     #[test]

@@ -178,13 +178,34 @@ async fn set_cookie_is_never_replayed_but_etag_is() {
 }
 
 #[tokio::test]
-async fn a_response_too_large_to_store_is_not_truncated_but_released() {
+async fn a_response_too_large_to_store_is_sent_whole_and_never_run_twice() {
     let f = fixture();
     let first = call(&f.router, "/huge", Some("k")).await;
-    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(
+        text(first).await,
+        "x".repeat(2048),
+        "the first caller gets every byte"
+    );
     let second = call(&f.router, "/huge", Some("k")).await;
-    assert!(second.headers().get("idempotent-replayed").is_none());
-    assert_eq!(f.layer.counts().get(Outcome::Released), 2);
+    assert_eq!(
+        second.status(),
+        StatusCode::OK,
+        "the replay keeps the status"
+    );
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(second.headers()["content-type"], "application/problem+json");
+    let body = text(second).await;
+    assert!(body.contains("response-body-not-kept"), "{body}");
+    assert!(body.contains("completed with status 200"), "{body}");
+    assert_eq!(
+        f.calls.load(Ordering::SeqCst),
+        0,
+        "the /huge handler counts nothing"
+    );
+    assert_eq!(f.layer.counts().get(Outcome::Executed), 1);
+    assert_eq!(f.layer.counts().get(Outcome::Replayed), 1);
+    assert_eq!(f.layer.counts().get(Outcome::Released), 0);
 }
 
 #[tokio::test]

@@ -6,7 +6,11 @@
 
 use std::time::Duration;
 
+use axum::http::HeaderName;
+
 use crate::fingerprint::FingerprintMode;
+use crate::layer::release_statuses::ReleaseStatuses;
+use crate::replay::STORED_HEADERS;
 
 /// Settings of an [`IdempotencyLayer`](crate::IdempotencyLayer).
 #[derive(Debug, Clone)]
@@ -15,8 +19,11 @@ pub struct IdempotencyConfig {
     pub key_ttl: Duration,
     /// Largest request body read; larger → 413.
     pub max_body_bytes: usize,
-    /// Largest response body stored; a larger one is not stored (the key is released and the
-    /// client gets a 500) rather than truncated. Keep it at most the store's `max_value_bytes`.
+    /// Largest response body stored. A larger one is still sent whole to the client that ran the
+    /// request, and the key is completed with its status and the allow-listed headers but without
+    /// the body: a replay is a problem+json with that status saying the body was not kept
+    /// (`replay::body_not_kept`). The handler never runs twice for a completed key. Keep it at
+    /// most the store's `max_value_bytes`.
     pub max_response_bytes: usize,
     /// How bodies enter the fingerprint.
     pub fingerprint: FingerprintMode,
@@ -28,6 +35,16 @@ pub struct IdempotencyConfig {
     /// Most live keys per scope: a request with a new key beyond it is a 429. `None`: no
     /// limit.
     pub max_live_keys: Option<u64>,
+    /// Response headers stored and replayed (an allow-list; names compare case-insensitively).
+    /// Default: `Content-Type`, `Location`, `ETag`. `Set-Cookie` is never stored unless listed
+    /// here: it may carry a session meant for the first caller only.
+    pub stored_headers: Vec<HeaderName>,
+    /// Statuses that release the key instead of completing it. Default: every 5xx.
+    pub release_statuses: ReleaseStatuses,
+    /// With `false`, a request without an `Idempotency-Key` header goes to the inner service
+    /// untouched (no scope needed, nothing claimed or stored); a malformed key is still a 400.
+    /// Default `true`: no key → 400.
+    pub key_required: bool,
 }
 
 impl IdempotencyConfig {
@@ -42,6 +59,9 @@ impl IdempotencyConfig {
             heartbeat: Some((lease / 3).max(Duration::from_millis(1))),
             retry_after: Duration::from_secs(1),
             max_live_keys: None,
+            stored_headers: STORED_HEADERS.to_vec(),
+            release_statuses: ReleaseStatuses::default(),
+            key_required: true,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use axum::http::HeaderName;
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
@@ -31,6 +32,7 @@ pub(crate) async fn fenced(
     counts: &OutcomeCounts,
     token: &HeldClaim,
     fp: Fingerprint,
+    stored_headers: &[HeaderName],
 ) -> Response {
     counts.record(Outcome::Fenced);
     let fence = token.fence;
@@ -44,7 +46,7 @@ pub(crate) async fn fenced(
                         winner = record.fence,
                         "claim was taken over while the handler ran: answering with the winner's stored response"
                     );
-                    return replay::replay(stored);
+                    return replay::replay_with(stored, stored_headers);
                 }
                 KeyState::InProgress { .. } if Instant::now() < deadline => {
                     tokio::time::sleep(FENCED_POLL).await;

@@ -23,7 +23,7 @@
 //!
 //! Where each part lives: `config` (the settings), `service` (the layer, its service and the request
 //! flow above), `body` (step 1's body read), `responses` (problem responses used by several steps),
-//! `renewal` (step 4's lease renewal), `fenced` (step 5's release and step 6's wait for the winner),
+//! `renewal` (step 4's lease renewal), `release_statuses` (step 5's choice), `fenced` (step 5's release and step 6's wait for the winner),
 //! and the futures the flow runs in: `finish_on_drop`, `catch_panic`, `in_flight`.
 
 mod body;
@@ -32,11 +32,14 @@ mod config;
 mod fenced;
 mod finish_on_drop;
 mod in_flight;
+mod release_statuses;
 mod renewal;
+mod response_body;
 mod responses;
 mod service;
 
 pub use self::config::IdempotencyConfig;
 pub use self::in_flight::InFlight;
+pub use self::release_statuses::ReleaseStatuses;
 pub use self::responses::retry_after_hint;
 pub use self::service::{IdempotencyLayer, Idempotent, KEY_FIELD, SCOPE_FIELD};

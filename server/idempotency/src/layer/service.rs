@@ -31,13 +31,14 @@ use crate::layer::fenced::{fenced, release};
 use crate::layer::finish_on_drop::FinishOnDrop;
 use crate::layer::in_flight::InFlight;
 use crate::layer::renewal::with_renewal;
+use crate::layer::response_body::{Collected, collect_bounded};
 use crate::layer::responses::{in_progress, retry_after_hint, store_failure, with_member};
 use crate::outcome::{Outcome, OutcomeCounts};
 use crate::problem::Problem;
 use crate::replay;
 use crate::side_records::SideRecords;
 use crate::store::{Claim, ClaimExtras, Fingerprint, HeldClaim, StoreError, StoreHandle, Takeover};
-use crate::{ClaimInfo, Scope};
+use crate::{ClaimDirective, ClaimInfo, Scope};
 
 /// The field of an enclosing span that the layer records the request's scope in, when that span
 /// declares it (`scope = tracing::field::Empty`); see [`IdempotencyLayer`].
@@ -74,6 +75,25 @@ impl IdempotencyLayer {
                 in_flight: InFlight::default(),
             }),
         }
+    }
+
+    /// A layer with other settings that shares this one's store, outcome counts and in-flight
+    /// count: one layer per route rule of an application (a reverse proxy's routes), counted and
+    /// drained at shutdown as one.
+    pub fn with_config(&self, config: IdempotencyConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store: Arc::clone(&self.shared.store),
+                config,
+                counts: Arc::clone(&self.shared.counts),
+                in_flight: self.shared.in_flight.clone(),
+            }),
+        }
+    }
+
+    /// The settings this layer runs with.
+    pub fn config(&self) -> &IdempotencyConfig {
+        &self.shared.config
     }
 
     /// Requests per outcome.
@@ -135,6 +155,14 @@ where
     S::Future: Send + 'static,
 {
     let counts = &shared.counts;
+    if !shared.config.key_required && !request.headers().contains_key(key::HEADER) {
+        // An optional key left out: the request is not idempotent, and the layer keeps out of it.
+        counts.record(Outcome::NoKey);
+        return match inner.oneshot(request).await {
+            Ok(response) => response.into_response(),
+            Err(never) => match never {},
+        };
+    }
     let Some(scope) = request.extensions().get::<Scope>().cloned() else {
         counts.record(Outcome::Unauthenticated);
         warn!("request reached the idempotency layer without an authenticated scope");
@@ -359,7 +387,7 @@ where
                 status = stored.status,
                 "key already completed: replaying the stored response"
             );
-            replay::replay(stored)
+            replay::replay_with(stored, &shared.config.stored_headers)
         }
         Ok(Claim::InProgress { lease_left }) => {
             counts.record(Outcome::Conflict);
@@ -487,30 +515,81 @@ where
         }
     };
 
-    if response.status().is_server_error() {
-        info!(
-            status = response.status().as_u16(),
-            "handler answered a server error: releasing the key"
-        );
-        release(&*shared.store, token).await;
-        counts.record(Outcome::Released);
-        let mut response = response;
-        response.extensions_mut().remove::<SideRecords>();
-        return response;
+    let mut response = response;
+    let directive = response.extensions_mut().remove::<ClaimDirective>();
+    let status = response.status();
+    match directive {
+        Some(ClaimDirective::EffectUnknown) => {
+            // Neither complete nor release: the token is dropped, the record stays in progress
+            // and its lease (no longer renewed) runs out on its own.
+            warn!(
+                status = status.as_u16(),
+                fence = token.fence,
+                "effect unknown: key left in progress until its lease runs out (retries get 409 \
+                 until then)"
+            );
+            counts.record(Outcome::EffectUnknown);
+            response.extensions_mut().remove::<SideRecords>();
+            return response;
+        }
+        Some(ClaimDirective::Release) => {
+            info!(
+                status = status.as_u16(),
+                "handler said the request had no effect: releasing the key"
+            );
+        }
+        None if shared.config.release_statuses.contains(status) => {
+            info!(
+                status = status.as_u16(),
+                "handler answered a releasing status: releasing the key"
+            );
+        }
+        None => return complete(shared, token, fp, outcome, response).await,
     }
+    release(&*shared.store, token).await;
+    counts.record(Outcome::Released);
+    response.extensions_mut().remove::<SideRecords>();
+    response
+}
 
+/// Stores the handler's response (or, for one too large to store, that it completed) with its
+/// business records, and sends it.
+async fn complete(
+    shared: Arc<Shared>,
+    token: HeldClaim,
+    fp: Fingerprint,
+    outcome: Outcome,
+    response: Response,
+) -> Response {
+    let counts = &shared.counts;
+    let config = &shared.config;
     let (mut parts, body) = response.into_parts();
     let side = parts.extensions.remove::<SideRecords>().unwrap_or_default();
-    let body = match axum::body::to_bytes(body, shared.config.max_response_bytes).await {
-        Ok(body) => body,
+    let (stored, body) = match collect_bounded(body, config.max_response_bytes).await {
+        Ok(Collected::Whole(body)) => (
+            replay::to_stored_with(&parts, body.clone(), &config.stored_headers),
+            Body::from(body),
+        ),
+        Ok(Collected::TooLarge(body)) => {
+            // The handler ran: its client gets the whole response, and the key is completed
+            // without the body, so that no retry ever runs the handler again.
+            info!(
+                status = parts.status.as_u16(),
+                limit = config.max_response_bytes,
+                "response body larger than the stored limit: completing the key without it"
+            );
+            (
+                replay::body_not_kept(&parts, config.max_response_bytes, &config.stored_headers),
+                body,
+            )
+        }
         Err(e) => {
-            error!(error = %e, limit = shared.config.max_response_bytes, "response body could not be stored: releasing the key");
+            error!(error = %e, "response body could not be read: releasing the key");
             release(&*shared.store, token).await;
             counts.record(Outcome::Released);
             return Problem::internal("the response could not be recorded").into_response();
         }
     };
-    let stored = replay::to_stored(&parts, body.clone());
     let status = stored.status;
     let side_records = side.0.len();
     let completed = shared.store.complete(&token, &stored, &side.0).await;
@@ -518,9 +597,11 @@ where
         Ok(()) => {
             counts.record(outcome);
             debug!(status, side_records, "completed: response stored");
-            Response::from_parts(parts, Body::from(body))
+            Response::from_parts(parts, body)
         }
-        Err(StoreError::LeaseLost { .. }) => fenced(&*shared.store, counts, &token, fp).await,
+        Err(StoreError::LeaseLost { .. }) => {
+            fenced(&*shared.store, counts, &token, fp, &config.stored_headers).await
+        }
         Err(e @ StoreError::Rejected(_)) => {
             error!(error = %e, "response could not be stored: releasing the key");
             release(&*shared.store, token).await;

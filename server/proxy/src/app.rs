@@ -1,0 +1,186 @@
+//! The proxy's request path: scope check, route choice, and the idempotency layer in front of the
+//! forwarder.
+//!
+//! For every request, in order:
+//! 1. with `--scope-header`, a request carrying that header from an untrusted peer is a 401,
+//!    whatever it is for;
+//! 2. the first route rule whose methods and path match gives the settings; with none, `POST` and
+//!    `PATCH` get the command line's defaults, and every other request passes through;
+//! 3. a protected request without `Idempotency-Key` passes through (key optional) or is a 400
+//!    (key required);
+//! 4. the scope is taken from the configured source (none or invalid → 401);
+//! 5. the route's [`IdempotencyLayer`] claims the key, runs [`Forward`] and completes, releases or
+//!    leaves the key as the outcome says (see `forward`).
+//!
+//! Every route's layer is built with [`IdempotencyLayer::with_config`] from one base layer, so they
+//! share the store, the outcome counts and the in-flight count.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use idemlog_idempotency::{
+    IdempotencyConfig, IdempotencyLayer, Idempotent, Problem, ReleaseStatuses, StoreHandle,
+};
+use tower::{Layer, ServiceExt};
+use tracing::info;
+
+use crate::config::{DEFAULT_METHODS, KeyRequirement, RouteRule, RouteSettings, StatusSpec};
+use crate::forward::{Forward, Peer, Upstream};
+use crate::routes::first_match;
+use crate::scope::{ScopeError, ScopeSource};
+
+/// One protected route: its settings and its layered forwarder.
+#[derive(Clone)]
+struct Protected {
+    key: KeyRequirement,
+    service: Idempotent<Forward>,
+}
+
+/// Everything a request needs; cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rules: Vec<(crate::routes::Matcher, Protected)>,
+    default: Protected,
+    pass_through: Forward,
+    scope: ScopeSource,
+    base: IdempotencyLayer,
+}
+
+/// The layer settings for a route's settings.
+pub fn layer_config(settings: &RouteSettings) -> IdempotencyConfig {
+    let mut config = IdempotencyConfig::new(settings.key_ttl, settings.lease);
+    config.max_body_bytes = settings.max_body_bytes;
+    config.max_response_bytes = settings.max_stored_response_bytes;
+    config.stored_headers = settings.stored_headers.clone();
+    config.release_statuses =
+        settings
+            .release_statuses
+            .iter()
+            .fold(ReleaseStatuses::none(), |set, spec| match *spec {
+                StatusSpec::Class(class) => set.with_class(class),
+                StatusSpec::Code(code) => set.with_code(code),
+            });
+    // The proxy sends a keyless request around the layer itself (step 3), so the layer, if it
+    // ever saw one, would refuse it.
+    config.key_required = true;
+    config
+}
+
+impl App {
+    /// The app for these rules and defaults, on `store`, forwarding to `upstream`.
+    pub fn new(
+        store: StoreHandle,
+        upstream: Arc<Upstream>,
+        scope: ScopeSource,
+        defaults: &RouteSettings,
+        rules: Vec<RouteRule>,
+    ) -> Self {
+        let base = IdempotencyLayer::new(store, layer_config(defaults));
+        let protect = |settings: &RouteSettings| Protected {
+            key: settings.key,
+            service: base
+                .with_config(layer_config(settings))
+                .layer(Forward::protected(
+                    Arc::clone(&upstream),
+                    settings.max_stored_response_bytes,
+                )),
+        };
+        let default = protect(defaults);
+        let rules = rules
+            .iter()
+            .map(|rule| (rule.matcher.clone(), protect(&rule.settings)))
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                rules,
+                default,
+                pass_through: Forward::pass_through(Arc::clone(&upstream)),
+                scope,
+                base,
+            }),
+        }
+    }
+
+    /// The base layer (outcome counts and in-flight count shared by every route).
+    pub fn layer(&self) -> &IdempotencyLayer {
+        &self.inner.base
+    }
+
+    /// Serves one request from `peer`.
+    pub async fn handle(&self, mut request: Request<Body>, peer: Peer) -> Response<Body> {
+        let inner = &*self.inner;
+        let ip = peer.0.ip();
+        request.extensions_mut().insert(peer);
+        if let Err(e) = inner.scope.check_peer(request.headers(), ip) {
+            return unauthorized(&e);
+        }
+        let (method, path) = (request.method(), request.uri().path());
+        let route = match first_match(inner.rules.iter().map(|(m, _)| m), method, path) {
+            Some(i) => Some(&inner.rules[i].1),
+            None if DEFAULT_METHODS.contains(method) => Some(&inner.default),
+            None => None,
+        };
+        let Some(route) = route else {
+            return pass(&inner.pass_through, request).await;
+        };
+        if !request
+            .headers()
+            .contains_key(idemlog_idempotency::key::HEADER)
+        {
+            return match route.key {
+                KeyRequirement::Optional => pass(&inner.pass_through, request).await,
+                KeyRequirement::Required => Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "idempotency-key-missing",
+                    "Idempotency-Key required",
+                    "this route needs an Idempotency-Key header (a unique value per operation, \
+                     reused only to retry that operation)",
+                )
+                .into_response(),
+            };
+        }
+        match inner.scope.scope_of(request.headers(), ip) {
+            Ok(scope) => {
+                request.extensions_mut().insert(scope);
+            }
+            Err(e) => return unauthorized(&e),
+        }
+        match route.service.clone().oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
+async fn pass(forward: &Forward, request: Request<Body>) -> Response<Body> {
+    match forward.clone().oneshot(request).await {
+        Ok(response) => response,
+        Err(e) => match e {},
+    }
+}
+
+fn unauthorized(e: &ScopeError) -> Response<Body> {
+    info!(reason = %e, "refused: no valid scope (401)");
+    let detail = match e {
+        ScopeError::UntrustedPeer(_) => {
+            "the scope header is accepted only from the trusted gateway in front of this proxy"
+        }
+        ScopeError::Missing(_) => "this request needs credentials that name its caller",
+        ScopeError::Invalid(_) => "the credentials of this request are not valid",
+    };
+    Problem::unauthorized(detail).into_response()
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("rules", &self.inner.rules.len())
+            .finish()
+    }
+}

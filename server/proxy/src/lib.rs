@@ -1,0 +1,19 @@
+//! `idemlog-proxy`: exactly-once `POST`/`PATCH` in front of any HTTP service, whatever its
+//! language, built on the `idemlog-idempotency` layer (the same claim, fencing, fingerprint and
+//! replay as the payments server).
+//!
+//! The binary (`main.rs`) parses the flags ([`cli`]) and the route rules ([`config`]), chooses the
+//! scope source ([`scope`]), opens the store ([`store`]) and serves two listeners: the proxy
+//! ([`serve`], requests through [`app`] to [`forward`]) and the admin one ([`admin`], with
+//! [`metrics`]). Module docs say what each owns; `README.md` beside this crate says how to run it.
+
+pub mod admin;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod forward;
+pub mod metrics;
+pub mod routes;
+pub mod scope;
+pub mod serve;
+pub mod store;

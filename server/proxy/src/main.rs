@@ -1,0 +1,164 @@
+//! The `idemlog-proxy` binary: flags, scope source and rules checked before anything starts
+//! (exit code 2 on a bad configuration), then the store, the admin and proxy listeners, and a
+//! graceful shutdown on SIGTERM/SIGINT (exit code 0 once requests in flight finished and the
+//! store is closed).
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use idemlog_proxy::admin::{self, AdminState};
+use idemlog_proxy::app::App;
+use idemlog_proxy::cli::Cli;
+use idemlog_proxy::config::{RouteRule, RouteSettings, load_rules};
+use idemlog_proxy::forward::Upstream;
+use idemlog_proxy::metrics::UpstreamMetrics;
+use idemlog_proxy::scope::ScopeSource;
+use idemlog_proxy::{serve, store};
+use tokio::net::TcpListener;
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+/// Exit code of a configuration the proxy refuses to start with.
+const EXIT_CONFIG: u8 = 2;
+
+fn config_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("idemlog-proxy: configuration error: {message}");
+    ExitCode::from(EXIT_CONFIG)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
+    let scope = match ScopeSource::from_cli(&cli) {
+        Ok(scope) => scope,
+        Err(e) => return config_error(e),
+    };
+    let defaults = RouteSettings::defaults(&cli);
+    let rules = match &cli.config {
+        Some(path) => match load_rules(path, &defaults) {
+            Ok(rules) => rules,
+            Err(e) => return config_error(e),
+        },
+        None => Vec::new(),
+    };
+    let metrics = UpstreamMetrics::default();
+    let upstream = match Upstream::new(&cli.upstream, cli.upstream_timeout, metrics.clone()) {
+        Ok(upstream) => Arc::new(upstream),
+        Err(e) => return config_error(e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!(error = %e, "could not start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli, scope, defaults, rules, upstream, metrics)) {
+        Ok(()) => {
+            info!("shut down cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!(error = %e, "proxy stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(
+    cli: Cli,
+    scope: ScopeSource,
+    defaults: RouteSettings,
+    rules: Vec<RouteRule>,
+    upstream: Arc<Upstream>,
+    metrics: UpstreamMetrics,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match &scope {
+        ScopeSource::Static(s) => warn!(
+            scope = s.as_str(),
+            "static scope: every caller shares one scope (single-tenant service only)"
+        ),
+        other => info!(source = %other.describe(), "scope source"),
+    }
+    let largest_stored = rules
+        .iter()
+        .map(|r| r.settings.max_stored_response_bytes)
+        .chain(std::iter::once(defaults.max_stored_response_bytes))
+        .max()
+        .unwrap_or(defaults.max_stored_response_bytes);
+    let store = store::open(&cli, largest_stored).await?;
+    info!(
+        backend = store.kind(),
+        upstream = %cli.upstream,
+        routes = rules.len(),
+        "store chosen"
+    );
+    let app = App::new(Arc::clone(&store), upstream, scope, &defaults, rules);
+    let layer = app.layer().clone();
+
+    let admin_listener = TcpListener::bind(cli.admin_listen)
+        .await
+        .map_err(|e| format!("could not listen on {}: {e}", cli.admin_listen))?;
+    let admin_addr = admin_listener.local_addr()?;
+    let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+    let admin_router = admin::router(AdminState {
+        store: Arc::clone(&store),
+        counts: layer.counts(),
+        upstream: metrics,
+    });
+    let admin_task = tokio::spawn(async move {
+        let stopped = async {
+            let _ = admin_stopped.await;
+        };
+        axum::serve(admin_listener, admin_router)
+            .with_graceful_shutdown(stopped)
+            .await
+    });
+    info!(addr = %admin_addr, "admin listening");
+
+    let listener = TcpListener::bind(cli.listen)
+        .await
+        .map_err(|e| format!("could not listen on {}: {e}", cli.listen))?;
+    let addr = listener.local_addr()?;
+    info!(addr = %addr, "proxy listening");
+
+    serve::serve(listener, app, serve::shutdown_signal(), cli.shutdown_grace).await;
+
+    let in_flight = layer.in_flight();
+    if in_flight.count() > 0 {
+        info!(
+            tasks = in_flight.count(),
+            "waiting for requests whose clients left to finish"
+        );
+    }
+    if tokio::time::timeout(cli.shutdown_grace, in_flight.wait_idle())
+        .await
+        .is_err()
+    {
+        warn!(
+            tasks = in_flight.count(),
+            "requests still running after the grace period: their keys are taken over after \
+             the lease"
+        );
+    }
+    let _ = admin_stop.send(());
+    match admin_task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "admin listener failed"),
+        Err(e) => warn!(error = %e, "admin listener task failed"),
+    }
+    store.close().await?;
+    info!("store closed");
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! Serving the proxy listener: HTTP/1.1 and h2c (prior knowledge) on one port with hyper-util's
+//! auto builder, and a graceful shutdown with hyper-util's `GracefulShutdown`: on the signal the
+//! listener is closed, every connection is asked to finish (HTTP/1.1: after its current request;
+//! HTTP/2: GOAWAY), and the wait is bounded by the grace period.
+//!
+//! Bounds: an HTTP/1.1 request head must arrive within [`HEADER_READ_TIMEOUT`]; HTTP/2 allows
+//! [`MAX_CONCURRENT_STREAMS`] requests per connection and heads of at most [`MAX_HEADER_BYTES`];
+//! protected bodies are bounded by the route's limit (the layer answers 413 past it).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tracing::{debug, info, warn};
+
+use crate::app::App;
+use crate::forward::Peer;
+
+/// Time for an HTTP/1.1 client to send a complete request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most concurrent HTTP/2 streams per connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+/// Largest HTTP/2 header list.
+pub const MAX_HEADER_BYTES: u32 = 64 * 1024;
+
+/// Serves `listener` until `shutdown` resolves, then drains connections for at most `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    app: App,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_header_list_size(MAX_HEADER_BYTES);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(app.handle(request.map(Body::new), Peer(peer)).await) }
+        });
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    info!("stopped accepting: waiting for the requests in flight");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            grace_ms = grace.as_millis() as u64,
+            "connections still open after the grace period: closing them"
+        );
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => info!("SIGINT received: shutting down"),
+        () = terminate => info!("SIGTERM received: shutting down"),
+    }
+}
