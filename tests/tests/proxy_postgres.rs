@@ -3,8 +3,8 @@
 //!
 //! Needs `DATABASE_URL` (`scripts/pg-test-cluster run -- cargo test`). Without it the tests print a
 //! skip line, unless CI set PostgreSQL up (`CI` or `IDEMLOG_REQUIRE_POSTGRES=1`): then they fail.
-//! The proxy has no schema flag, so the keys carry the process id and the time instead: runs
-//! against a database that earlier runs used never meet their keys.
+//! Each test uses a schema of its own (`--database-schema`), and its keys carry the process id and
+//! the time as well.
 
 use std::sync::Arc;
 
@@ -27,12 +27,19 @@ fn database_url() -> Option<String> {
     }
 }
 
+/// A schema for `test` in this process.
+fn schema(test: &str) -> String {
+    format!("proxy_{test}_{}", std::process::id())
+}
+
 #[test]
 fn concurrent_copies_spread_over_two_proxies_run_the_upstream_once_per_key() {
     let Some(url) = database_url() else { return };
     let upstream = Upstream::start();
-    let a = Arc::new(Proxy::start_on_database(&upstream, &url, &[]));
-    let b = Arc::new(Proxy::start_on_database(&upstream, &url, &[]));
+    let schema = schema("spread");
+    let args = ["--database-schema", schema.as_str()];
+    let a = Arc::new(Proxy::start_on_database(&upstream, &url, &args));
+    let b = Arc::new(Proxy::start_on_database(&upstream, &url, &args));
     let keys: Vec<String> = (0..4).map(|i| unique_key(&format!("spread{i}"))).collect();
     let barrier = Arc::new(std::sync::Barrier::new(keys.len() * 10));
     let threads: Vec<_> = keys
@@ -89,8 +96,10 @@ fn concurrent_copies_spread_over_two_proxies_run_the_upstream_once_per_key() {
 fn a_key_completed_on_one_proxy_replays_on_the_other_and_scopes_stay_apart() {
     let Some(url) = database_url() else { return };
     let upstream = Upstream::start();
-    let a = Proxy::start_on_database(&upstream, &url, &[]);
-    let b = Proxy::start_on_database(&upstream, &url, &[]);
+    let schema = schema("handover");
+    let args = ["--database-schema", schema.as_str()];
+    let a = Proxy::start_on_database(&upstream, &url, &args);
+    let b = Proxy::start_on_database(&upstream, &url, &args);
     let key = unique_key("handover");
     let first = a.post(TENANT_A, &key, ORDER, "");
     assert_eq!(first.status, 201, "{first:?}");
@@ -103,4 +112,51 @@ fn a_key_completed_on_one_proxy_replays_on_the_other_and_scopes_stay_apart() {
     assert_eq!(tenant_b.status, 201, "{tenant_b:?}");
     assert!(!tenant_b.replayed());
     assert_eq!(upstream.runs(&key), 2, "one run per tenant");
+}
+
+#[test]
+fn a_proxy_killed_mid_request_is_taken_over_by_the_other_after_the_lease() {
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let schema = schema("takeover");
+    let args = ["--database-schema", schema.as_str(), "--lease", "2s"];
+    let a = Proxy::start_on_database(&upstream, &url, &args);
+    let b = Proxy::start_on_database(&upstream, &url, &args);
+    let key = unique_key("takeover");
+    let addr = a.addr;
+    let abandoned = {
+        let key = key.clone();
+        std::thread::spawn(move || {
+            http(
+                addr,
+                "POST",
+                ORDERS,
+                &order_headers(TENANT_A, &key, "hang"),
+                ORDER.as_bytes(),
+            )
+        })
+    };
+    wait_until(std::time::Duration::from_secs(10), "the first run", || {
+        upstream.runs(&key) == 1
+    });
+    a.kill();
+    assert!(abandoned.join().expect("thread").is_err(), "A died first");
+    // The claim of the dead proxy holds until its lease runs out: the effect may have happened.
+    let early = b.post(TENANT_A, &key, ORDER, "");
+    assert_eq!(early.status, 409, "{early:?}");
+    assert!(early.header("retry-after").is_some(), "{early:?}");
+    assert_eq!(upstream.runs(&key), 1);
+    let mut late = early;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while late.status == 409 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        late = b.post(TENANT_A, &key, ORDER, "");
+    }
+    assert_eq!(late.status, 201, "taken over after the lease: {late:?}");
+    let runs = upstream.requests_with_key(&key);
+    assert_eq!(runs.len(), 2);
+    assert!(
+        runs[1].fencing_token() > runs[0].fencing_token(),
+        "the upstream can tell the stale holder from the new one"
+    );
 }

@@ -73,7 +73,7 @@ fn a_response_over_the_stored_limit_is_sent_whole_and_its_replay_names_the_statu
         dir.path(),
         &["--max-stored-response-bytes", "4096"],
     );
-    let size = 64 * 1024;
+    let size = 300_000;
     let behaviour = format!("big={size},status=202");
     let first = proxy.post(TENANT_A, "order-1", ORDER, &behaviour);
     assert_eq!(first.status, 202, "{:?}", first.headers);
@@ -87,7 +87,18 @@ fn a_response_over_the_stored_limit_is_sent_whole_and_its_replay_names_the_statu
             .is_some_and(|t| t.starts_with("application/problem+json")),
         "{replay:?}"
     );
-    let text = replay.text();
+    // As settled in the contract's changes: the original status, marked as a replay, with the
+    // allow-listed headers, and a problem body naming the status.
+    assert_eq!(replay.status, 202, "{replay:?}");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.header("location"), first.header("location"));
+    let problem = replay.json();
+    assert_eq!(problem["status"], 202, "{problem}");
+    assert_eq!(
+        problem["type"], "urn:idemlog:problem:response-body-not-kept",
+        "{problem}"
+    );
+    let text = problem["detail"].as_str().expect("detail").to_owned();
     assert!(
         text.contains("202"),
         "the replay says the request completed with status 202: {text}"

@@ -37,7 +37,7 @@ fn kill_9_under_concurrent_load_loses_no_acknowledged_key() {
     // key -> the answer the client got (only keys that got a whole answer).
     let acknowledged: Arc<Mutex<HashMap<String, Reply>>> = Arc::default();
     let sent: Arc<Mutex<Vec<String>>> = Arc::default();
-    let clients: Vec<_> = (0..8)
+    let clients: Vec<_> = (0..16)
         .map(|client| {
             let proxy = Arc::clone(&proxy);
             let stop = Arc::clone(&stop);
@@ -71,7 +71,7 @@ fn kill_9_under_concurrent_load_loses_no_acknowledged_key() {
         })
         .collect();
     wait_until(Duration::from_secs(60), "some acknowledged keys", || {
-        acknowledged.lock().expect("acks").len() >= 40
+        acknowledged.lock().expect("acks").len() >= 200
     });
     // The crash, with requests in flight on every client.
     proxy.signal_kill();
@@ -110,7 +110,12 @@ fn kill_9_under_concurrent_load_loses_no_acknowledged_key() {
     // The keys in flight at the crash: their effect is unknown, and a retry either replays a
     // completion that was kept, or waits (409), or runs the key again if it was never kept as
     // completed. Whatever it does, the answer is a proper one and a replay is never a second run.
-    for key in sent.iter().filter(|k| !acknowledged.contains_key(*k)) {
+    let in_flight: Vec<&String> = sent
+        .iter()
+        .filter(|k| !acknowledged.contains_key(*k))
+        .collect();
+    let (mut replayed, mut waiting, mut ran_again) = (0, 0, 0);
+    for key in in_flight.iter().copied() {
         let headers = order_headers(TENANT_A, key, "");
         let retry = proxy.request("POST", ORDERS, &headers, ORDER.as_bytes());
         assert!(
@@ -120,13 +125,62 @@ fn kill_9_under_concurrent_load_loses_no_acknowledged_key() {
         let runs = upstream.runs(key);
         if retry.replayed() {
             assert_eq!(runs, 1, "{key}: a kept completion, one run");
+            replayed += 1;
+        } else if retry.status == 409 {
+            assert!(runs <= 1, "{key}: {runs} runs");
+            waiting += 1;
         } else {
             assert!(runs <= 2, "{key}: {runs} runs");
+            ran_again += usize::from(runs == 2);
         }
     }
+    eprintln!(
+        "kill -9: {} acknowledged keys replayed once each; {} in flight: {replayed} replayed, \
+         {waiting} in progress (409), {ran_again} run a second time upstream",
+        acknowledged.len(),
+        in_flight.len()
+    );
     assert!(
-        acknowledged.len() >= 40,
+        acknowledged.len() >= 200,
         "{} acknowledged keys",
         acknowledged.len()
     );
+}
+
+#[test]
+#[ignore = "proxy bug: after kill -9 the embedded store takes over in-flight claims at once, so a \
+            retry runs the upstream again while the first run may still be running (see the \
+            README's reason for the 504 rule)"]
+fn a_key_in_flight_at_a_crash_is_not_run_again_while_its_lease_holds() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-crash-in-flight");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--lease", "10s"]);
+    let addr = proxy.addr;
+    let abandoned = std::thread::spawn(move || {
+        http(
+            addr,
+            "POST",
+            ORDERS,
+            &order_headers(TENANT_A, "order-1", "slow=3000"),
+            ORDER.as_bytes(),
+        )
+    });
+    wait_until(Duration::from_secs(10), "the first run", || {
+        upstream.runs("order-1") == 1
+    });
+    // The proxy dies while the upstream is still working on the request.
+    let proxy = proxy.crash_and_restart();
+    assert!(abandoned.join().expect("thread").is_err(), "no answer");
+    // As after a 504: the effect is unknown and the first run may still be going, so a retry is
+    // told to wait until the lease runs out instead of running the request a second time now.
+    let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(
+        upstream.runs("order-1"),
+        1,
+        "the upstream ran the key again while its first run was still going: {} {}",
+        retry.status,
+        retry.text()
+    );
+    assert_eq!(retry.status, 409, "{retry:?}");
+    assert!(retry.header("retry-after").is_some(), "{retry:?}");
 }

@@ -18,6 +18,16 @@ fn assert_problem(reply: &Reply, status: u16) {
     );
 }
 
+/// `proxy_upstream_errors_total{kind="…"}` from the admin `/metrics`.
+fn upstream_errors(proxy: &Proxy, kind: &str) -> u64 {
+    let text = proxy.admin_get("/metrics").text();
+    let sample = format!("proxy_upstream_errors_total{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&sample))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {sample} in:\n{text}"))
+}
+
 #[test]
 fn an_upstream_500_releases_the_key_and_the_retry_runs_again() {
     let upstream = Upstream::start();
@@ -130,6 +140,7 @@ fn an_upstream_hang_is_504_and_no_retry_runs_while_the_lease_holds() {
     // Other keys are not held up.
     let other = proxy.post(TENANT_A, "order-2", ORDER, "");
     assert_eq!(other.status, 201, "{other:?}");
+    assert_eq!(upstream_errors(&proxy, "timeout"), 1);
 }
 
 #[test]
@@ -170,6 +181,7 @@ fn a_connection_lost_after_sending_is_504_and_keeps_the_key() {
     assert_problem(&retry, 409);
     assert!(retry.header("retry-after").is_some(), "{retry:?}");
     assert_eq!(upstream.runs("order-1"), 1);
+    assert_eq!(upstream_errors(&proxy, "lost"), 1);
 }
 
 #[test]
@@ -185,6 +197,7 @@ fn a_refused_connection_is_502_and_releases_the_key() {
     assert_problem(&refused, 502);
     let again = proxy.post(TENANT_A, "order-1", ORDER, "");
     assert_problem(&again, 502);
+    assert_eq!(upstream_errors(&proxy, "connect"), 2);
     // The upstream comes up on that port: the released key runs now, once.
     let upstream = Upstream::start_on_port(port);
     let ok = proxy.post(TENANT_A, "order-1", ORDER, "");
