@@ -83,8 +83,6 @@ pub fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<Reply> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     let has = |name: &str| headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
     let mut head = format!("{method} {path} HTTP/1.1\r\n");
     if !has("host") {
@@ -98,8 +96,17 @@ pub fn http(
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body)?;
+    let mut raw = head.into_bytes();
+    raw.extend_from_slice(body);
+    http_raw(addr, &raw)
+}
+
+/// Sends `request` exactly as given (a whole HTTP/1.1 request, e.g. with a chunked body) and reads
+/// the whole response, as [`http`] does.
+pub fn http_raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<Reply> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    stream.write_all(request)?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     if raw.windows(4).any(|w| w == b"\r\n\r\n") {

@@ -204,6 +204,7 @@ fn forwarding_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
         ("Keep-Alive", "timeout=5"),
         ("Proxy-Authorization", "Basic c2VjcmV0"),
         ("X-End-To-End", "kept"),
+        ("X-Forwarded-For", "203.0.113.7"),
         // A client cannot choose the token the upstream sees.
         (FENCING_TOKEN, "18446744073709551615"),
     ];
@@ -224,7 +225,10 @@ fn forwarding_sets_forwarded_headers_and_drops_hop_by_hop_ones() {
     let xff = seen
         .header("x-forwarded-for")
         .unwrap_or_else(|| panic!("X-Forwarded-For: {seen:?}"));
-    assert!(xff.contains("127.0.0.1"), "{xff}");
+    assert!(
+        xff.starts_with("203.0.113.7") && xff.ends_with("127.0.0.1"),
+        "the peer is appended to what came: {xff}"
+    );
     assert_eq!(seen.header("x-forwarded-proto"), Some("http"), "{seen:?}");
     assert_eq!(
         seen.header("x-forwarded-host"),
@@ -311,4 +315,36 @@ fn a_client_that_hangs_up_mid_request_still_gets_the_completed_answer_on_retry()
     );
     assert_eq!(reply.json()["key"], "order-1");
     assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn a_quoted_key_and_the_bare_key_are_one_key() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-quoted-key");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let bare = proxy.post(TENANT_A, "order-1", ORDER, "");
+    let quoted = proxy.post(TENANT_A, "\"order-1\"", ORDER, "");
+    assert_eq!(bare.status, 201, "{bare:?}");
+    assert!(quoted.replayed(), "{quoted:?}");
+    assert_eq!(quoted.body, bare.body);
+    assert_eq!(upstream.total(), 1);
+}
+
+#[test]
+fn an_expired_key_runs_again() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-ttl");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--key-ttl", "1s"]);
+    let first = proxy.post(TENANT_A, "order-1", ORDER, "");
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let later = proxy.post(TENANT_A, "order-1", OTHER_ORDER, "");
+    assert_eq!(
+        later.status, 201,
+        "the key expired, so it is free: {later:?}"
+    );
+    assert!(!later.replayed());
+    assert_ne!(later.body, first.body);
+    assert_eq!(upstream.runs("order-1"), 2);
 }

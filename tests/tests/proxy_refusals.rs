@@ -41,6 +41,32 @@ fn the_same_key_with_another_body_is_422_and_the_upstream_runs_once() {
         ORDER.as_bytes(),
     );
     assert_problem(&elsewhere, 422);
+    // So is another method, another query, and another content type.
+    let patch = proxy.request(
+        "PATCH",
+        ORDERS,
+        &order_headers(TENANT_A, "order-1", ""),
+        ORDER.as_bytes(),
+    );
+    assert_problem(&patch, 422);
+    let query = proxy.request(
+        "POST",
+        "/orders?dry_run=1",
+        &order_headers(TENANT_A, "order-1", ""),
+        ORDER.as_bytes(),
+    );
+    assert_problem(&query, 422);
+    let text = proxy.request(
+        "POST",
+        ORDERS,
+        &[
+            (TENANT_HEADER, TENANT_A),
+            ("Idempotency-Key", "order-1"),
+            ("Content-Type", "text/plain"),
+        ],
+        ORDER.as_bytes(),
+    );
+    assert_problem(&text, 422);
     assert_eq!(upstream.total(), 1);
 }
 
@@ -57,6 +83,47 @@ fn a_body_over_the_limit_is_413_and_never_reaches_the_upstream() {
     let ok = proxy.post(TENANT_A, "order-1", ORDER, "");
     assert_eq!(ok.status, 201, "{ok:?}");
     assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn the_body_limit_is_exact_and_holds_for_a_chunked_body() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-413-chunked");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--max-body-bytes", "1024"]);
+    let body_of = |len: usize| {
+        let pad = len - r#"{"pad": ""}"#.len();
+        format!(r#"{{"pad": "{}"}}"#, "x".repeat(pad))
+    };
+    let at_limit = proxy.post(TENANT_A, "order-1", &body_of(1024), "");
+    assert_eq!(at_limit.status, 201, "1024 bytes are allowed: {at_limit:?}");
+    let over = proxy.post(TENANT_A, "order-2", &body_of(1025), "");
+    assert_problem(&over, 413);
+    // A chunked body announces no length: the proxy counts, and still refuses.
+    let chunked = |key: &str, body: &str| {
+        let mut raw = format!(
+            "POST {ORDERS} HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\
+             {TENANT_HEADER}: {TENANT_A}\r\nIdempotency-Key: {key}\r\n\
+             Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        for piece in body.as_bytes().chunks(300) {
+            raw.push_str(&format!("{:x}\r\n", piece.len()));
+            raw.push_str(std::str::from_utf8(piece).expect("ASCII"));
+            raw.push_str("\r\n");
+        }
+        raw.push_str("0\r\n\r\n");
+        http_raw(proxy.addr, raw.as_bytes()).expect("an answer")
+    };
+    let refused = chunked("order-3", &body_of(1025));
+    assert_problem(&refused, 413);
+    assert_eq!(upstream.runs("order-2") + upstream.runs("order-3"), 0);
+    let accepted = chunked("order-4", &body_of(1000));
+    assert_eq!(accepted.status, 201, "{accepted:?}");
+    let replay = proxy.post(TENANT_A, "order-4", &body_of(1000), "");
+    assert!(
+        replay.replayed(),
+        "the chunked body and the same body with a length are one request: {replay:?}"
+    );
+    assert_eq!(upstream.total(), 2);
 }
 
 #[test]
@@ -162,7 +229,14 @@ fn a_scope_header_from_an_untrusted_peer_is_401() {
         ORDER.as_bytes(),
     );
     assert_problem(&spoofed, 401);
+    // The header is refused on a pass-through too, so nothing behind the proxy sees a forged
+    // scope; without it a pass-through goes on.
+    let forged = proxy.request("GET", "/orders/1", &[(TENANT_HEADER, TENANT_A)], b"");
+    assert_problem(&forged, 401);
     assert_eq!(upstream.total(), 0);
+    let plain = proxy.request("GET", "/orders/1", &[], b"");
+    assert_eq!(plain.status, 201, "{plain:?}");
+    assert_eq!(upstream.total(), 1);
 }
 
 #[test]

@@ -141,6 +141,11 @@ fn an_upstream_hang_is_504_and_no_retry_runs_while_the_lease_holds() {
     let other = proxy.post(TENANT_A, "order-2", ORDER, "");
     assert_eq!(other.status, 201, "{other:?}");
     assert_eq!(upstream_errors(&proxy, "timeout"), 1);
+    let metrics = proxy.admin_get("/metrics").text();
+    assert!(
+        metrics.contains("idempotency_requests_total{outcome=\"effect_unknown\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]
