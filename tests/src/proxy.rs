@@ -122,6 +122,120 @@ pub fn http_raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<Reply> {
     }
 }
 
+/// A keep-alive HTTP/1.1 connection that sends requests one after another and reads exactly one
+/// response for each, by its framing (none for 204 and 304, `Content-Length`, or chunked): a
+/// response framed wrongly leaves the connection unusable and the next request fails.
+pub struct KeepAlive {
+    stream: TcpStream,
+    addr: SocketAddr,
+    buffer: Vec<u8>,
+}
+
+impl KeepAlive {
+    /// Connects to `addr`.
+    pub fn open(addr: SocketAddr) -> KeepAlive {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("read timeout");
+        KeepAlive {
+            stream,
+            addr,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// Sends a request (with `Host` and `Content-Length`) and reads its response.
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Reply {
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.stream.write_all(head.as_bytes()).expect("send head");
+        self.stream.write_all(body).expect("send body");
+        let head_end = loop {
+            if let Some(at) = self.buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            self.fill();
+        };
+        let reply_head = parse_response(&self.buffer[..head_end]);
+        let chunked = reply_head
+            .header("transfer-encoding")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+        let end = if method == "HEAD" || matches!(reply_head.status, 204 | 304) {
+            head_end
+        } else if chunked {
+            self.chunked_end(head_end)
+        } else {
+            let length: usize = reply_head
+                .header("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("a keep-alive response without framing: {reply_head:?}"));
+            while self.buffer.len() < head_end + length {
+                self.fill();
+            }
+            head_end + length
+        };
+        let raw: Vec<u8> = self.buffer.drain(..end).collect();
+        parse_response(&raw)
+    }
+
+    /// Where the chunked body starting at `at` ends (after its last chunk and the empty trailer).
+    fn chunked_end(&mut self, mut at: usize) -> usize {
+        loop {
+            let line_end = loop {
+                if let Some(p) = self.buffer[at..].windows(2).position(|w| w == b"\r\n") {
+                    break at + p;
+                }
+                self.fill();
+            };
+            let size_text = String::from_utf8_lossy(&self.buffer[at..line_end]).into_owned();
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+                .unwrap_or_else(|_| panic!("bad chunk size line {size_text:?}"));
+            at = line_end + 2;
+            if size == 0 {
+                // No trailers are expected: the empty line ends the body.
+                while self.buffer.len() < at + 2 {
+                    self.fill();
+                }
+                assert_eq!(
+                    &self.buffer[at..at + 2],
+                    b"\r\n",
+                    "trailers are not expected"
+                );
+                return at + 2;
+            }
+            while self.buffer.len() < at + size + 2 {
+                self.fill();
+            }
+            at += size + 2;
+        }
+    }
+
+    fn fill(&mut self) {
+        let mut chunk = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut chunk).expect("read the response");
+        assert!(
+            n > 0,
+            "the connection closed mid-response: {:?}",
+            String::from_utf8_lossy(&self.buffer)
+        );
+        self.buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
 /// Reads `child`'s stream line by line into `logs` on a thread of its own, sending every line to
 /// `lines` as well.
 fn drain(

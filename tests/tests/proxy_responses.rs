@@ -109,10 +109,78 @@ fn a_response_over_the_stored_limit_is_sent_whole_and_its_replay_names_the_statu
         replay.body.len()
     );
     assert_eq!(upstream.runs("order-1"), 1, "the upstream never runs twice");
+    // The same when the upstream announces no length (chunked): the proxy counts.
+    let behaviour = format!("big={size},status=201,chunked");
+    let first = proxy.post(TENANT_A, "order-3", ORDER, &behaviour);
+    assert_eq!(first.status, 201, "{:?}", first.headers);
+    assert_eq!(first.body.len(), size, "the first client gets every byte");
+    let replay = proxy.post(TENANT_A, "order-3", ORDER, &behaviour);
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.json()["status"], 201, "{}", replay.text());
+    assert_eq!(upstream.runs("order-3"), 1);
     // A response within the limit on the same proxy is stored as usual.
     let small = proxy.post(TENANT_A, "order-2", ORDER, "big=1000");
     let again = proxy.post(TENANT_A, "order-2", ORDER, "big=1000");
     assert!(again.replayed(), "{again:?}");
     assert_eq!(again.body, small.body);
     assert_eq!(small.body.len(), 1000);
+}
+
+#[test]
+fn responses_and_replays_keep_their_framing_on_one_keep_alive_connection() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-keep-alive");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let mut conn = KeepAlive::open(proxy.addr);
+    // The same connection carries firsts, replays, a 204 without a body, a chunked answer and a
+    // pass-through: every response must be framed exactly, or the next one is misread.
+    let mut firsts = Vec::new();
+    for (key, behaviour) in [
+        ("ka-1", ""),
+        ("ka-204", "status=204"),
+        ("ka-chunked", "chunked"),
+        ("ka-big-chunked", "big=5000,chunked"),
+    ] {
+        let headers = order_headers(TENANT_A, key, behaviour);
+        let first = conn.request("POST", ORDERS, &headers, ORDER.as_bytes());
+        let replay = conn.request("POST", ORDERS, &headers, ORDER.as_bytes());
+        assert!(!first.replayed(), "{key}: {first:?}");
+        assert!(replay.replayed(), "{key}: {replay:?}");
+        assert_eq!(replay.status, first.status, "{key}");
+        assert_eq!(replay.body, first.body, "{key}: byte for byte");
+        let passed = conn.request("GET", "/orders/1", &[], b"");
+        assert_eq!(passed.status, 201, "{passed:?}");
+        firsts.push(first);
+    }
+    assert_eq!(firsts[1].status, 204);
+    assert!(firsts[1].body.is_empty());
+    assert_eq!(firsts[3].body.len(), 5000);
+    for key in ["ka-1", "ka-204", "ka-chunked", "ka-big-chunked"] {
+        assert_eq!(upstream.runs(key), 1, "{key}");
+    }
+}
+
+#[test]
+fn a_large_request_body_reaches_the_upstream_whole() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-large-request");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let body = format!(r#"{{"pad": "{}"}}"#, "y".repeat(900_000));
+    let first = proxy.post(TENANT_A, "order-1", &body, "");
+    assert_eq!(first.status, 201, "{first:?}");
+    let seen = &upstream.requests_with_key("order-1")[0];
+    assert_eq!(seen.body_len, body.len() as u64);
+    let replay = proxy.post(TENANT_A, "order-1", &body, "");
+    assert!(replay.replayed(), "{replay:?}");
+    let mut changed = body.clone().into_bytes();
+    changed[500_000] = b'z';
+    let other = proxy.request(
+        "POST",
+        ORDERS,
+        &order_headers(TENANT_A, "order-1", ""),
+        &changed,
+    );
+    assert_eq!(other.status, 422, "one byte differs: {other:?}");
+    assert_eq!(upstream.total(), 1);
 }

@@ -23,6 +23,9 @@ Behaviour is chosen per request with ``X-Test-Behaviour``, a comma-separated lis
 ``close``          read the request, then close the connection without any answer
 ``big=<bytes>``    a ``text/plain`` body of exactly that many bytes (starting with run and seq)
 ``cookie``         add ``Set-Cookie: session=<unique>; Path=/``
+``chunked``        send the body with ``Transfer-Encoding: chunked`` (100-byte chunks)
+
+A 204 or 304 answer has no body and no ``Content-Type``.
 
 Control endpoints (not counted, not recorded):
 
@@ -91,14 +94,28 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length else b""
 
-    def send(self, status, body, content_type="application/json", extra=()):
+    def send(self, status, body, content_type="application/json", extra=(), chunked=False):
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        if status in (204, 304):
+            # No body, by definition (RFC 9110 sections 15.3.5 and 15.4.5).
+            body = b""
+        else:
+            self.send_header("Content-Type", content_type)
+            if chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+            else:
+                self.send_header("Content-Length", str(len(body)))
         for name, value in extra:
             self.send_header(name, value)
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command == "HEAD" or status in (204, 304):
+            return
+        if chunked:
+            for start in range(0, len(body), 100):
+                piece = body[start : start + 100]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
             self.wfile.write(body)
 
     def control(self):
@@ -160,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
             size = int(behaviour["big"] or 0)
             head = ("%s:%d:" % (RUN_ID, seq)).encode()
             payload = (head + b"x" * max(0, size - len(head)))[:size]
-            self.send(status, payload, "text/plain", extra)
+            self.send(status, payload, "text/plain", extra, "chunked" in behaviour)
             return
         payload = {
             "run": RUN_ID,
@@ -173,7 +190,9 @@ class Handler(BaseHTTPRequestHandler):
             "body_sha256": hashlib.sha256(body).hexdigest(),
             "outcome": "failed" if status >= 500 else "done",
         }
-        self.send(status, json.dumps(payload).encode(), "application/json", extra)
+        self.send(
+            status, json.dumps(payload).encode(), "application/json", extra, "chunked" in behaviour
+        )
 
     do_GET = handle_any
     do_POST = handle_any
