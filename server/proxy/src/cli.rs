@@ -109,6 +109,11 @@ pub struct Cli {
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub upstream_timeout: Duration,
 
+    /// Longest wait for the next piece of a request body; then 408 (a protected request claims
+    /// nothing) and the connection is closed.
+    #[arg(long, default_value = "15s", value_parser = parse_positive_duration)]
+    pub body_read_timeout: Duration,
+
     /// How long shutdown waits for requests in flight.
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub shutdown_grace: Duration,

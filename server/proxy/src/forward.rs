@@ -197,6 +197,8 @@ impl Forward {
         });
         remove_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
+        // The proxy answered (or will answer) any `100-continue` itself and sends the body whole.
+        parts.headers.remove(header::EXPECT);
         set_forwarded(&mut parts.headers, peer, original_host.as_ref());
         parts.headers.remove(FENCING_TOKEN);
         if let (true, Some(fence)) = (protected, fence) {

@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tower_http::timeout::TimeoutBody;
 use tracing::{debug, info, warn};
 
 use crate::app::App;
@@ -32,11 +33,14 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 pub const MAX_HEADER_BYTES: u32 = 64 * 1024;
 
 /// Serves `listener` until `shutdown` resolves, then drains connections for at most `grace`.
+/// A request body that stalls for `body_read_timeout` fails (the layer answers 408 before
+/// claiming).
 pub async fn serve(
     listener: TcpListener,
     app: App,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
+    body_read_timeout: Duration,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -67,7 +71,8 @@ pub async fn serve(
         let app = app.clone();
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
             let app = app.clone();
-            async move { Ok::<_, Infallible>(app.handle(request.map(Body::new), Peer(peer)).await) }
+            let request = request.map(|body| Body::new(TimeoutBody::new(body_read_timeout, body)));
+            async move { Ok::<_, Infallible>(app.handle(request, Peer(peer)).await) }
         });
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
