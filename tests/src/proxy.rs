@@ -700,6 +700,16 @@ impl Proxy {
         assert!(status.success(), "kill -TERM failed");
     }
 
+    /// Sends `signal` (a name `kill` knows: `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
     /// Sends SIGKILL without waiting or reaping (the process may be shared with client threads;
     /// [`Proxy::crash_and_restart`] or drop reaps it).
     pub fn signal_kill(&self) {

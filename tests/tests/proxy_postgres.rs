@@ -160,3 +160,71 @@ fn a_proxy_killed_mid_request_is_taken_over_by_the_other_after_the_lease() {
         "the upstream can tell the stale holder from the new one"
     );
 }
+
+#[test]
+fn a_zombie_holder_cannot_overwrite_the_answer_of_the_proxy_that_took_its_key_over() {
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let schema = schema("zombie");
+    let args = ["--database-schema", schema.as_str(), "--lease", "2s"];
+    let a = Proxy::start_on_database(&upstream, &url, &args);
+    let b = Proxy::start_on_database(&upstream, &url, &args);
+    let key = unique_key("zombie");
+    let addr = a.addr;
+    let zombie = {
+        let key = key.clone();
+        std::thread::spawn(move || {
+            http(
+                addr,
+                "POST",
+                ORDERS,
+                &order_headers(TENANT_A, &key, "slow=2000"),
+                ORDER.as_bytes(),
+            )
+        })
+    };
+    wait_until(std::time::Duration::from_secs(10), "the first run", || {
+        upstream.runs(&key) == 1
+    });
+    // A freezes (a long GC pause, a stalled VM): it cannot renew its lease.
+    a.signal("STOP");
+    std::thread::sleep(std::time::Duration::from_millis(3000));
+    let mut taken = b.post(TENANT_A, &key, ORDER, "");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while taken.status == 409 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        taken = b.post(TENANT_A, &key, ORDER, "");
+    }
+    assert_eq!(taken.status, 201, "B took the key over: {taken:?}");
+    assert!(!taken.replayed());
+    // A wakes up with the upstream's first answer in hand and tries to complete.
+    a.signal("CONT");
+    let late = zombie.join().expect("thread");
+    let runs = upstream.requests_with_key(&key);
+    assert_eq!(runs.len(), 2);
+    assert!(runs[1].fencing_token() > runs[0].fencing_token());
+    // Whatever A's own client got, the key's answer is B's, on both proxies.
+    for proxy in [&a, &b] {
+        let replay = proxy.post(TENANT_A, &key, ORDER, "");
+        assert!(replay.replayed(), "{replay:?}");
+        assert_eq!(
+            replay.body, taken.body,
+            "the zombie's completion was refused by the fencing token (A's client got {late:?})"
+        );
+    }
+    assert_eq!(upstream.runs(&key), 2);
+    // A's client was told the key's answer (B's) or to retry (409), as the layer's `fenced`
+    // outcome promises.
+    let late = late.expect("A's client got an answer after SIGCONT");
+    assert!(
+        late.status == 409 || late.body == taken.body,
+        "the zombie's client: {} {}",
+        late.status,
+        late.text()
+    );
+    let metrics = a.admin_get("/metrics").text();
+    assert!(
+        metrics.contains("idempotency_requests_total{outcome=\"fenced\"} 1"),
+        "{metrics}"
+    );
+}
