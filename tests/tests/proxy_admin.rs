@@ -26,6 +26,14 @@ fn admin_endpoints_are_served_on_the_admin_listener() {
         text.contains("idempotency_requests_total{outcome=\"replayed\"} 1"),
         "the layer's series: {text}"
     );
+    assert!(
+        text.contains("proxy_upstream_request_duration_seconds_count{status_class=\"2xx\"} 1"),
+        "the upstream latency, one 2xx: {text}"
+    );
+    assert!(
+        text.contains("proxy_upstream_errors_total{kind=\"timeout\"} 0"),
+        "{text}"
+    );
     assert_eq!(
         upstream.total(),
         1,
@@ -137,4 +145,83 @@ fn sigterm_lets_a_request_in_flight_finish_and_complete() {
     assert!(replay.replayed(), "{replay:?}");
     assert_eq!(replay.body, reply.body);
     assert_eq!(upstream.runs("order-1"), 1);
+}
+
+#[test]
+fn start_up_is_refused_with_a_clear_message_for_a_bad_configuration() {
+    let dir = TempDir::new("proxy-bad-config");
+    let data = dir.path().to_str().expect("utf-8 path");
+    let config = |name: &str, text: &str| {
+        write_config(dir.path(), name, text)
+            .to_str()
+            .expect("utf-8 path")
+            .to_owned()
+    };
+    let not_toml = config("not.toml", "[[route]\npath = \"/a\"\n");
+    let bad_pattern = config("pattern.toml", "[[route]]\npath = \"/a/**/b\"\n");
+    let other_lease = config("lease.toml", "[[route]]\npath = \"/a\"\nlease = \"5s\"\n");
+    let bad_status = config(
+        "status.toml",
+        "[[route]]\npath = \"/a\"\nrelease_statuses = [\"6xx\"]\n",
+    );
+    let static_scope = ["--static-scope", "shop"];
+    let cases: Vec<(&str, &str, Vec<&str>, &str)> = vec![
+        (
+            "TOML syntax",
+            "http://127.0.0.1:9",
+            vec!["--config", &not_toml],
+            "not.toml",
+        ),
+        (
+            "a misplaced **",
+            "http://127.0.0.1:9",
+            vec!["--config", &bad_pattern],
+            "/a/**/b",
+        ),
+        (
+            "a route lease other than --lease",
+            "http://127.0.0.1:9",
+            vec!["--config", &other_lease],
+            "lease",
+        ),
+        (
+            "an unknown status class",
+            "http://127.0.0.1:9",
+            vec!["--config", &bad_status],
+            "6xx",
+        ),
+        ("an https upstream", "https://127.0.0.1:9", vec![], "http"),
+    ];
+    for (what, upstream, args, named) in cases {
+        let mut all = vec!["--upstream", upstream, "--data-dir", data];
+        all.extend(static_scope);
+        all.extend(args);
+        let (status, log) = Proxy::run_expecting_exit(&all, Duration::from_secs(60));
+        assert_eq!(status.code(), Some(2), "{what}: {status:?}; log:\n{log}");
+        assert!(
+            log.contains(named),
+            "{what}: the message names {named:?}:\n{log}"
+        );
+    }
+    let (status, log) = Proxy::run_expecting_exit(
+        &[
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--data-dir",
+            data,
+            "--static-scope",
+            "shop",
+            "--scope-header",
+            TENANT_HEADER,
+            "--trusted-peer",
+            "127.0.0.1",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "two scope sources: {status:?}; log:\n{log}"
+    );
+    assert!(log.contains("scope"), "{log}");
 }

@@ -56,3 +56,57 @@ fn h2c_requests_are_protected_like_http1_ones() {
     assert!(h1.replayed(), "{h1:?}");
     assert_eq!(h1.body, first.to_vec());
 }
+
+#[test]
+fn concurrent_copies_on_one_h2c_connection_run_the_upstream_once() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-h2c-concurrent");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let answers = runtime.block_on(async {
+        let stream = tokio::net::TcpStream::connect(proxy.addr)
+            .await
+            .expect("connect");
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("HTTP/2 handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let streams: Vec<_> = (0..20)
+            .map(|_| {
+                let mut send = send.clone();
+                tokio::spawn(async move {
+                    let mut request = order("h2-copies");
+                    request
+                        .headers_mut()
+                        .insert(BEHAVIOUR, "slow=300".parse().expect("value"));
+                    let response = send.send_request(request).await.expect("response");
+                    let status = response.status().as_u16();
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    let body = response.into_body().collect().await.expect("body");
+                    (status, replayed, body.to_bytes())
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for stream in streams {
+            answers.push(stream.await.expect("stream task"));
+        }
+        answers
+    });
+    assert_eq!(upstream.runs("h2-copies"), 1, "{answers:?}");
+    let fresh: Vec<_> = answers.iter().filter(|a| a.0 == 201 && !a.1).collect();
+    assert_eq!(fresh.len(), 1, "{answers:?}");
+    for (status, _, body) in &answers {
+        assert!(*status == 201 || *status == 409, "{answers:?}");
+        if *status == 201 {
+            assert_eq!(body, &fresh[0].2);
+        }
+    }
+}
