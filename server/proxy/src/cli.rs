@@ -114,6 +114,10 @@ pub struct Cli {
     #[arg(long, default_value = "15s", value_parser = parse_positive_duration)]
     pub body_read_timeout: Duration,
 
+    /// Most connections served at once; further clients wait in the listen backlog.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
     /// How long shutdown waits for requests in flight.
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub shutdown_grace: Duration,

@@ -142,8 +142,11 @@ async fn run(
         listener,
         app,
         serve::shutdown_signal(),
-        cli.shutdown_grace,
-        cli.body_read_timeout,
+        serve::Limits {
+            grace: cli.shutdown_grace,
+            body_read_timeout: cli.body_read_timeout,
+            max_connections: cli.max_connections as usize,
+        },
     )
     .await;
 

@@ -10,6 +10,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -19,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower_http::timeout::TimeoutBody;
 use tracing::{debug, info, warn};
 
@@ -32,16 +34,31 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 256;
 /// Largest HTTP/2 header list.
 pub const MAX_HEADER_BYTES: u32 = 64 * 1024;
 
-/// Serves `listener` until `shutdown` resolves, then drains connections for at most `grace`.
-/// A request body that stalls for `body_read_timeout` fails (the layer answers 408 before
-/// claiming).
+/// The limits of the proxy listener (from the flags).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// After the shutdown signal, how long connections may finish their requests.
+    pub grace: Duration,
+    /// Longest wait for the next piece of a request body (the layer answers 408 before claiming).
+    pub body_read_timeout: Duration,
+    /// Connections served at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+/// Serves `listener` until `shutdown` resolves, then drains connections for at most
+/// `limits.grace`.
 pub async fn serve(
     listener: TcpListener,
     app: App,
     shutdown: impl Future<Output = ()>,
-    grace: Duration,
-    body_read_timeout: Duration,
+    limits: Limits,
 ) {
+    let Limits {
+        grace,
+        body_read_timeout,
+        max_connections,
+    } = limits;
+    let permits = Arc::new(Semaphore::new(max_connections.max(1)));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -55,6 +72,14 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
     loop {
+        // A permit before `accept`: at the cap, clients wait in the listen backlog.
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -79,6 +104,7 @@ pub async fn serve(
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(e) = connection.await {
                 debug!(%peer, error = %e, "connection ended with an error");
             }

@@ -300,6 +300,54 @@ mod tests {
         ));
     }
 
+    fn jwks_scope() -> JwtScope {
+        let keys = JwtKeys::jwks_from_str(include_str!("testdata/jwks.json")).expect("jwks");
+        JwtScope::new(keys, "tenant".into(), Some("issuer-1".into()), None)
+    }
+
+    fn signed(alg: Algorithm, kid: Option<&str>, key: &EncodingKey, tenant: &str) -> HeaderMap {
+        let mut header = Header::new(alg);
+        header.kid = kid.map(str::to_owned);
+        let claims = serde_json::json!({"tenant": tenant, "exp": now() + 600, "iss": "issuer-1"});
+        let jwt = encode(&header, &claims, key).expect("encode");
+        let mut h = HeaderMap::new();
+        h.insert(
+            AUTHORIZATION,
+            format!("Bearer {jwt}").parse().expect("value"),
+        );
+        h
+    }
+
+    #[test]
+    fn rs256_and_es256_tokens_verify_against_the_jwks_by_kid() {
+        let s = jwks_scope();
+        let rsa = EncodingKey::from_rsa_pem(include_bytes!("testdata/rs256-test-key.pem"))
+            .expect("rsa key");
+        let ec = EncodingKey::from_ec_pem(include_bytes!("testdata/es256-test-key.pem"))
+            .expect("ec key");
+        let a = signed(Algorithm::RS256, Some("rsa-1"), &rsa, "tenant-rsa");
+        assert_eq!(s.scope_of(&a).expect("rs256").as_str(), "tenant-rsa");
+        let b = signed(Algorithm::ES256, Some("ec-1"), &ec, "tenant-ec");
+        assert_eq!(s.scope_of(&b).expect("es256").as_str(), "tenant-ec");
+        // Without a kid, the key of the token's algorithm is found.
+        let c = signed(Algorithm::ES256, None, &ec, "tenant-ec");
+        assert!(s.scope_of(&c).is_ok());
+        // A kid naming another key, or a key of another algorithm, is refused.
+        let d = signed(Algorithm::RS256, Some("ec-1"), &rsa, "x");
+        assert!(matches!(s.scope_of(&d), Err(ScopeError::Invalid(_))));
+    }
+
+    #[test]
+    fn an_hs256_token_is_refused_by_a_jwks_source() {
+        // The classic confusion: a token signed with HS256 using a key the verifier publishes.
+        let s = jwks_scope();
+        let hmac = EncodingKey::from_secret(b"secret-secret-secret-secret");
+        let forged = signed(Algorithm::HS256, Some("hmac-1"), &hmac, "victim");
+        assert!(matches!(s.scope_of(&forged), Err(ScopeError::Invalid(_))));
+        let none_kid = signed(Algorithm::HS256, None, &hmac, "victim");
+        assert!(s.scope_of(&none_kid).is_err());
+    }
+
     #[test]
     fn a_jwks_without_usable_keys_is_refused() {
         assert!(JwtKeys::jwks_from_str(r#"{"keys": []}"#).is_err());

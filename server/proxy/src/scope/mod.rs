@@ -180,3 +180,66 @@ pub fn check_scope(scope: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn source(extra: &[&str]) -> Result<ScopeSource, ScopeConfigError> {
+        let mut args = vec!["idemlog-proxy", "--upstream", "http://127.0.0.1:1"];
+        args.extend_from_slice(extra);
+        ScopeSource::from_cli(&Cli::try_parse_from(args).expect("flags parse"))
+    }
+
+    #[test]
+    fn without_a_scope_source_the_proxy_refuses_to_start() {
+        assert!(matches!(source(&[]), Err(ScopeConfigError::None)));
+    }
+
+    #[test]
+    fn a_scope_header_needs_a_trusted_peer_and_the_reverse() {
+        assert!(matches!(
+            source(&["--scope-header", "X-Tenant"]),
+            Err(ScopeConfigError::NoTrustedPeer)
+        ));
+        assert!(matches!(
+            source(&["--trusted-peer", "10.0.0.0/8"]),
+            Err(ScopeConfigError::TrustedPeerAlone)
+        ));
+        assert!(matches!(
+            source(&["--scope-header", "X-Tenant", "--trusted-peer", "10.0.0.0/8"]),
+            Ok(ScopeSource::Header(_))
+        ));
+    }
+
+    #[test]
+    fn two_scope_sources_are_refused() {
+        let both = source(&[
+            "--static-scope",
+            "a",
+            "--scope-header",
+            "X-Tenant",
+            "--trusted-peer",
+            "127.0.0.1",
+        ]);
+        assert!(
+            matches!(both, Err(ScopeConfigError::Several(_))),
+            "{both:?}"
+        );
+    }
+
+    #[test]
+    fn a_static_scope_is_checked() {
+        assert!(matches!(
+            source(&["--static-scope", "shop"]),
+            Ok(ScopeSource::Static(_))
+        ));
+        let long = "x".repeat(300);
+        assert!(matches!(
+            source(&["--static-scope", &long]),
+            Err(ScopeConfigError::Invalid(_))
+        ));
+    }
+}
