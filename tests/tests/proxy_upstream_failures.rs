@@ -221,16 +221,16 @@ fn a_run_longer_than_the_lease_keeps_its_claim_and_no_copy_runs() {
     let proxy = std::sync::Arc::new(Proxy::start(
         &upstream,
         dir.path(),
-        &["--lease", "1s", "--upstream-timeout", "20s"],
+        &["--lease", "2s", "--upstream-timeout", "20s"],
     ));
     let slow = {
         let proxy = std::sync::Arc::clone(&proxy);
-        std::thread::spawn(move || proxy.post(TENANT_A, "order-1", ORDER, "slow=3500"))
+        std::thread::spawn(move || proxy.post(TENANT_A, "order-1", ORDER, "slow=5000"))
     };
     wait_until(Duration::from_secs(10), "the slow run", || {
         upstream.runs("order-1") == 1
     });
-    for _ in 0..5 {
+    for _ in 0..7 {
         std::thread::sleep(Duration::from_millis(500));
         let copy = proxy.post(TENANT_A, "order-1", ORDER, "");
         assert_problem(&copy, 409);
