@@ -774,12 +774,15 @@ pub fn order_headers<'a>(
 /// with the secret in `secret_file`, minted by `tests/upstream/mint_jwt.py`; `alg` is `HS256` or
 /// `none`.
 pub fn mint_jwt(secret_file: &Path, claims: &str, alg: &str) -> String {
+    mint_jwt_script(&[secret_file.as_os_str(), claims.as_ref(), alg.as_ref()])
+}
+
+/// Runs `tests/upstream/mint_jwt.py` with `args` and returns its trimmed stdout.
+fn mint_jwt_script(args: &[&std::ffi::OsStr]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream/mint_jwt.py");
     let out = Command::new("python3")
         .arg(&script)
-        .arg(secret_file)
-        .arg(claims)
-        .arg(alg)
+        .args(args)
         .output()
         .expect("run python3 tests/upstream/mint_jwt.py");
     assert!(
@@ -788,9 +791,59 @@ pub fn mint_jwt(secret_file: &Path, claims: &str, alg: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout)
-        .expect("a token is ASCII")
+        .expect("ASCII output")
         .trim()
         .to_owned()
+}
+
+/// A new 2048-bit RSA private key (PEM) at `dir/name`, made by the `openssl` command.
+pub fn rsa_key(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let status = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&path)
+        .stderr(Stdio::null())
+        .status()
+        .expect("run openssl genpkey");
+    assert!(status.success(), "openssl genpkey failed");
+    path
+}
+
+/// The public key of `pem` in PEM form (for an algorithm-confusion token).
+pub fn rsa_public_pem(pem: &Path, out: &Path) -> PathBuf {
+    let status = Command::new("openssl")
+        .args(["rsa", "-pubout", "-in"])
+        .arg(pem)
+        .arg("-out")
+        .arg(out)
+        .stderr(Stdio::null())
+        .status()
+        .expect("run openssl rsa -pubout");
+    assert!(status.success(), "openssl rsa -pubout failed");
+    out.to_path_buf()
+}
+
+/// A JWKS document holding the public half of `pem` under `kid` (RS256).
+pub fn jwks_of(pem: &Path, kid: &str) -> String {
+    mint_jwt_script(&["--jwks".as_ref(), pem.as_os_str(), kid.as_ref()])
+}
+
+/// An RS256 JWT with `claims` (as [`mint_jwt`]), signed with the private key `pem`, `kid` in
+/// its header.
+pub fn mint_rs256_jwt(pem: &Path, claims: &str, kid: &str) -> String {
+    mint_jwt_script(&[
+        pem.as_os_str(),
+        claims.as_ref(),
+        "RS256".as_ref(),
+        kid.as_ref(),
+    ])
 }
 
 /// Writes `text` to `name` in `dir` (a TOML route file) and returns its path.

@@ -153,3 +153,75 @@ fn a_verified_bearer_jwt_is_the_scope_and_a_bad_one_is_401() {
     assert_eq!(none.status, 401, "no token: {none:?}");
     assert_eq!(upstream.runs("order-1"), 2, "no refused request ran");
 }
+
+#[test]
+fn a_bearer_jwt_verified_by_a_jwks_key_is_the_scope() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-jwks");
+    let keys = TempDir::new("proxy-jwks-keys");
+    let key = rsa_key(keys.path(), "key.pem");
+    let stranger = rsa_key(keys.path(), "stranger.pem");
+    let public = rsa_public_pem(&key, &keys.path().join("public.pem"));
+    let jwks = write_config(keys.path(), "jwks.json", &jwks_of(&key, "k1"));
+    let proxy = Proxy::start_bare(
+        &upstream.url(),
+        dir.path(),
+        &[
+            "--jwt-jwks-file",
+            jwks.to_str().expect("utf-8 path"),
+            "--jwt-claim",
+            "tenant",
+        ],
+    );
+    let post = |token: &str| {
+        proxy.request(
+            "POST",
+            ORDERS,
+            &[
+                ("Authorization", &format!("Bearer {token}")),
+                ("Idempotency-Key", "order-1"),
+                ("Content-Type", "application/json"),
+            ],
+            ORDER.as_bytes(),
+        )
+    };
+    let claims = |tenant: &str| format!(r#"{{"sub": "user-1", "tenant": "{tenant}", "exp": 600}}"#);
+    let acme = post(&mint_rs256_jwt(&key, &claims("acme"), "k1"));
+    let globex = post(&mint_rs256_jwt(&key, &claims("globex"), "k1"));
+    assert_eq!(
+        (acme.status, globex.status),
+        (201, 201),
+        "{acme:?} {globex:?}"
+    );
+    assert!(!globex.replayed(), "the scope is the tenant claim, not sub");
+    let again = post(&mint_rs256_jwt(&key, &claims("acme"), "k1"));
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, acme.body);
+    assert_eq!(upstream.runs("order-1"), 2);
+
+    let refused = [
+        (
+            "another key under the same kid",
+            mint_rs256_jwt(&stranger, &claims("acme"), "k1"),
+        ),
+        (
+            "an unknown kid",
+            mint_rs256_jwt(&key, &claims("acme"), "k2"),
+        ),
+        // The public key used as an HMAC secret: the classic algorithm confusion.
+        (
+            "HS256 with the public key",
+            mint_jwt(&public, &claims("acme"), "HS256"),
+        ),
+        ("unsigned", mint_jwt(&public, &claims("acme"), "none")),
+        (
+            "no tenant claim",
+            mint_rs256_jwt(&key, r#"{"sub": "user-1", "exp": 600}"#, "k1"),
+        ),
+    ];
+    for (what, token) in &refused {
+        let reply = post(token);
+        assert_eq!(reply.status, 401, "{what}: {reply:?}");
+    }
+    assert_eq!(upstream.runs("order-1"), 2, "no refused request ran");
+}
