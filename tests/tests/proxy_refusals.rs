@@ -323,3 +323,28 @@ key = "required"
         "keyless payments reached the upstream: {seen:?}"
     );
 }
+
+#[test]
+fn a_stalled_request_body_is_408_and_claims_nothing() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-408");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--body-read-timeout", "1s"]);
+    let mut stream = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    let head = format!(
+        "POST {ORDERS} HTTP/1.1\r\nHost: shop\r\n{TENANT_HEADER}: {TENANT_A}\r\n\
+         Idempotency-Key: order-1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n\
+         {{\"item\":"
+    );
+    std::io::Write::write_all(&mut stream, head.as_bytes()).expect("send");
+    // The rest of the body never comes.
+    let (raw, closed) = read_until_closed(&mut stream, std::time::Duration::from_secs(20));
+    let text = String::from_utf8_lossy(&raw);
+    assert!(closed.is_some(), "the connection is closed: {text}");
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(upstream.total(), 0);
+    // Nothing was claimed: the whole request runs now.
+    let reply = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert!(!reply.replayed());
+    assert_eq!(upstream.runs("order-1"), 1);
+}
