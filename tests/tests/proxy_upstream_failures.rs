@@ -242,3 +242,62 @@ fn a_run_longer_than_the_lease_keeps_its_claim_and_no_copy_runs() {
     assert!(replay.replayed(), "{replay:?}");
     assert_eq!(replay.body, first.body);
 }
+
+#[test]
+fn an_answer_cut_off_mid_body_is_504_and_keeps_the_key() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-cut-body");
+    let proxy = Proxy::start(
+        &upstream,
+        dir.path(),
+        &["--lease", "60s", "--max-stored-response-bytes", "4096"],
+    );
+    // The upstream ran and started answering, then the connection broke: the effect happened, so
+    // the key must neither be completed with half a body nor released for a second run.
+    let cut = proxy.post(TENANT_A, "order-1", ORDER, "truncate");
+    assert_problem(&cut, 504);
+    let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&retry, 409);
+    assert!(retry.header("retry-after").is_some(), "{retry:?}");
+    assert_eq!(upstream.runs("order-1"), 1);
+    // An answer over the stored limit is already on its way to the client when it breaks: the
+    // client sees it cut off, and the key still never runs twice.
+    let first = proxy.try_request(
+        "POST",
+        ORDERS,
+        &order_headers(TENANT_A, "order-2", "big=300000,truncate"),
+        ORDER.as_bytes(),
+    );
+    if let Some(first) = &first {
+        assert!(
+            first.status == 504 || first.body.len() < 300_000,
+            "the client cannot get what the upstream never sent: {} {} bytes",
+            first.status,
+            first.body.len()
+        );
+    }
+    let retry = proxy.post(TENANT_A, "order-2", ORDER, "");
+    assert!(
+        retry.status == 409 || retry.replayed(),
+        "{} {}",
+        retry.status,
+        retry.text()
+    );
+    assert_eq!(upstream.runs("order-2"), 1);
+}
+
+#[test]
+fn an_answer_that_stalls_mid_body_is_504_and_keeps_the_key() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-stalled-body");
+    let proxy = Proxy::start(
+        &upstream,
+        dir.path(),
+        &["--lease", "60s", "--upstream-timeout", "1s"],
+    );
+    let stalled = proxy.post(TENANT_A, "order-1", ORDER, "stall");
+    assert_problem(&stalled, 504);
+    let retry = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_problem(&retry, 409);
+    assert_eq!(upstream.runs("order-1"), 1);
+}

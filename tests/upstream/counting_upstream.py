@@ -24,6 +24,8 @@ Behaviour is chosen per request with ``X-Test-Behaviour``, a comma-separated lis
 ``big=<bytes>``    a ``text/plain`` body of exactly that many bytes (starting with run and seq)
 ``cookie``         add ``Set-Cookie: session=<unique>; Path=/``
 ``chunked``        send the body with ``Transfer-Encoding: chunked`` (100-byte chunks)
+``truncate``       announce the whole body's length, send half of it, close the connection
+``stall``          announce the whole body's length, send half of it, then hang
 
 A 204 or 304 answer has no body and no ``Content-Type``.
 
@@ -74,6 +76,8 @@ class Handler(BaseHTTPRequestHandler):
     # connections.
     protocol_version = "HTTP/1.1"
     server_version = "counting-upstream/1"
+    # "truncate" or "stall" for the request being answered (see the module docs).
+    behaviour_cut = None
 
     def log_message(self, format, *args):  # noqa: A002 (the base class's name)
         sys.stderr.write("upstream: %s - %s\n" % (self.address_string(), format % args))
@@ -109,6 +113,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         if self.command == "HEAD" or status in (204, 304):
+            return
+        cut = self.behaviour_cut
+        if cut and not chunked:
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            if cut == "stall":
+                time.sleep(HANG_SECONDS)
+            self.close_connection = True
             return
         if chunked:
             for start in range(0, len(body), 100):
@@ -152,6 +164,7 @@ class Handler(BaseHTTPRequestHandler):
                 }
             )
         behaviour = parse_behaviour(self.headers.get("X-Test-Behaviour"))
+        self.behaviour_cut = next((c for c in ("truncate", "stall") if c in behaviour), None)
         if "slow" in behaviour:
             time.sleep(int(behaviour["slow"] or 0) / 1000.0)
         if "hang" in behaviour:
