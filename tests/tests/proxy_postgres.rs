@@ -228,3 +228,23 @@ fn a_zombie_holder_cannot_overwrite_the_answer_of_the_proxy_that_took_its_key_ov
         "{metrics}"
     );
 }
+
+#[test]
+fn on_postgresql_a_scope_and_key_pair_never_collides_with_another_split() {
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let schema = schema("split");
+    let proxy = Proxy::start_on_database(&upstream, &url, &["--database-schema", schema.as_str()]);
+    let unique = unique_key("u");
+    for sep in [":", "/", "|", ",", ".", "-", "_", "#", "=", "\\"] {
+        let tenant_a = format!("t{sep}x");
+        let key_b = format!("x{sep}{unique}");
+        let first = proxy.post(&tenant_a, &unique, ORDER, "");
+        let second = proxy.post("t", &key_b, ORDER, "");
+        assert_eq!((first.status, second.status), (201, 201), "{sep:?}");
+        assert!(
+            !second.replayed() && second.body != first.body,
+            "{sep:?}: tenant \"t\" got tenant {tenant_a:?}'s response"
+        );
+    }
+}

@@ -225,3 +225,27 @@ fn a_bearer_jwt_verified_by_a_jwks_key_is_the_scope() {
     }
     assert_eq!(upstream.runs("order-1"), 2, "no refused request ran");
 }
+
+#[test]
+fn a_scope_and_key_pair_never_collides_with_another_split_of_the_same_text() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-scope-split");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    // If scope and key were joined into one string, ("t:x", "k") and ("t", "x:k") would be one
+    // record, and one tenant would be handed the other's response.
+    for sep in [
+        ":", "/", "|", ",", ".", "-", "_", "#", "@", "=", "\\", "%3A",
+    ] {
+        let key_a = "k".to_owned();
+        let tenant_a = format!("t{sep}x");
+        let key_b = format!("x{sep}k");
+        let first = proxy.post(&tenant_a, &key_a, ORDER, "");
+        let second = proxy.post("t", &key_b, ORDER, "");
+        assert_eq!(first.status, 201, "{sep:?}: {first:?}");
+        assert_eq!(second.status, 201, "{sep:?}: {second:?}");
+        assert!(
+            !second.replayed() && second.body != first.body,
+            "{sep:?}: tenant \"t\" got tenant {tenant_a:?}'s response"
+        );
+    }
+}
