@@ -248,3 +248,82 @@ fn on_postgresql_a_scope_and_key_pair_never_collides_with_another_split() {
         );
     }
 }
+
+#[test]
+fn kill_9_of_one_proxy_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let schema = schema("kill9");
+    let args = ["--database-schema", schema.as_str(), "--lease", "30s"];
+    let a = Arc::new(Proxy::start_on_database(&upstream, &url, &args));
+    let b = Proxy::start_on_database(&upstream, &url, &args);
+    let prefix = unique_key("load");
+    let stop = Arc::new(AtomicBool::new(false));
+    let acknowledged: Arc<Mutex<HashMap<String, Reply>>> = Arc::default();
+    let sent: Arc<Mutex<Vec<String>>> = Arc::default();
+    let clients: Vec<_> = (0..16)
+        .map(|client| {
+            let a = Arc::clone(&a);
+            let stop = Arc::clone(&stop);
+            let acknowledged = Arc::clone(&acknowledged);
+            let sent = Arc::clone(&sent);
+            let prefix = prefix.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("{prefix}-{client}-{n}");
+                    n += 1;
+                    sent.lock().expect("sent").push(key.clone());
+                    let headers = order_headers(TENANT_A, &key, "slow=10");
+                    match a.try_request("POST", ORDERS, &headers, ORDER.as_bytes()) {
+                        Some(reply)
+                            if reply
+                                .header("content-length")
+                                .and_then(|l| l.parse::<usize>().ok())
+                                == Some(reply.body.len()) =>
+                        {
+                            assert_eq!(reply.status, 201, "before the crash: {reply:?}");
+                            acknowledged.lock().expect("acks").insert(key, reply);
+                        }
+                        _ => break,
+                    }
+                }
+            })
+        })
+        .collect();
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "acknowledged keys",
+        || acknowledged.lock().expect("acks").len() >= 200,
+    );
+    a.signal_kill();
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().expect("client thread");
+    }
+    let acknowledged = std::mem::take(&mut *acknowledged.lock().expect("acks"));
+    let sent = std::mem::take(&mut *sent.lock().expect("sent"));
+    for (key, first) in &acknowledged {
+        let replay = b.post(TENANT_A, key, ORDER, "");
+        assert!(replay.replayed(), "{key} on the other proxy: {replay:?}");
+        assert_eq!(replay.body, first.body, "{key} byte for byte");
+        assert_eq!(upstream.runs(key), 1, "{key}");
+    }
+    // The keys in flight at the crash: their claims hold until the lease ends, so the other proxy
+    // replays a kept completion or says 409, and never runs them a second time now.
+    for key in sent.iter().filter(|k| !acknowledged.contains_key(*k)) {
+        let retry = b.post(TENANT_A, key, ORDER, "");
+        let runs = upstream.runs(key);
+        assert!(
+            retry.replayed() || retry.status == 409 || runs == 1 && retry.status == 201,
+            "{key}: {} {}",
+            retry.status,
+            retry.text()
+        );
+        assert!(runs <= 1, "{key} ran {runs} times");
+    }
+}
