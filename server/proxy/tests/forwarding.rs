@@ -12,7 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, Request, StatusCode};
-use axum::routing::{get, post};
+use axum::routing::post;
 use clap::Parser;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
