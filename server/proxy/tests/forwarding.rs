@@ -1,0 +1,249 @@
+//! The proxy's request path in process, against a small axum upstream: what the upstream sees
+//! (fencing token, forwarded headers, hop-by-hop headers removed) and how the two upstream failures
+//! settle a key (connect refused → 502 and released; timeout → 504 and held until the lease ends).
+//! The end-to-end tests of the binary against an upstream in another language are in `tests/`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::routing::post;
+use clap::Parser;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idemlog::testkit::FaultyStorage;
+use idemlog::{ManualClock, Options};
+use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_proxy::app::App;
+use idemlog_proxy::cli::Cli;
+use idemlog_proxy::config::RouteSettings;
+use idemlog_proxy::forward::Upstream;
+use idemlog_proxy::metrics::UpstreamMetrics;
+use idemlog_proxy::scope::ScopeSource;
+use idemlog_proxy::serve::{Limits, serve};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// The upstream: `/echo` answers with the headers it got, `/slow` takes 2 s; both count calls.
+async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    async fn echo(State(calls): State<Arc<AtomicU64>>, headers: HeaderMap) -> String {
+        calls.fetch_add(1, Ordering::SeqCst);
+        let mut lines: Vec<String> = headers
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap_or("?")))
+            .collect();
+        lines.sort();
+        lines.join("\n")
+    }
+    async fn slow(State(calls): State<Arc<AtomicU64>>) -> &'static str {
+        calls.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        "late"
+    }
+    let app = Router::new()
+        .route("/echo", post(echo).get(echo))
+        .route("/slow", post(slow))
+        .with_state(Arc::clone(&calls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, calls)
+}
+
+struct Proxy {
+    addr: SocketAddr,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn proxy(upstream: &str) -> Proxy {
+    let cli = Cli::try_parse_from([
+        "idemlog-proxy",
+        "--upstream",
+        upstream,
+        "--static-scope",
+        "shop",
+        "--upstream-timeout",
+        "300ms",
+        "--lease",
+        "30s",
+    ])
+    .expect("flags");
+    let store = EmbeddedBackend::open(
+        "/data",
+        Options::default()
+            .storage(Arc::new(FaultyStorage::new()))
+            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
+            .lease(cli.lease),
+    )
+    .expect("store");
+    let upstream = Upstream::new(
+        &cli.upstream,
+        cli.upstream_timeout,
+        UpstreamMetrics::default(),
+    )
+    .expect("upstream");
+    let scope = ScopeSource::from_cli(&cli).expect("scope");
+    let defaults = RouteSettings::defaults(&cli);
+    let app = App::new(
+        Arc::new(store),
+        Arc::new(upstream),
+        scope,
+        &defaults,
+        Vec::new(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let limits = Limits {
+        grace: Duration::from_secs(1),
+        body_read_timeout: Duration::from_secs(5),
+        max_connections: 16,
+    };
+    tokio::spawn(serve(
+        listener,
+        app,
+        async move {
+            let _ = stopped.await;
+        },
+        limits,
+    ));
+    Proxy { addr, _stop: stop }
+}
+
+async fn send(
+    proxy: &Proxy,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, String) {
+    let client: Client<HttpConnector, Body> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", proxy.addr));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client
+        .request(request.body(Body::from("{}")).expect("request"))
+        .await
+        .expect("response");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_upstream_gets_the_claims_fencing_token_and_forwarded_headers_only() {
+    let (up, calls) = upstream().await;
+    let p = proxy(&format!("http://{up}")).await;
+    let (status, _, seen) = send(
+        &p,
+        "POST",
+        "/echo",
+        &[
+            ("idempotency-key", "k1"),
+            ("idempotency-fencing-token", "999999"),
+            ("connection", "x-hop"),
+            ("x-hop", "secret"),
+            ("content-type", "application/json"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert!(seen.contains("idempotency-key: k1"), "{seen}");
+    assert!(
+        !seen.contains("999999"),
+        "a client's token never reaches the upstream: {seen}"
+    );
+    let token = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("idempotency-fencing-token: "))
+        .expect("a fencing token");
+    assert!(token.parse::<u64>().is_ok(), "{token}");
+    assert!(
+        !seen.contains("x-hop"),
+        "headers named by Connection are removed: {seen}"
+    );
+    assert!(seen.contains("x-forwarded-for: 127.0.0.1"), "{seen}");
+    assert!(seen.contains("x-forwarded-proto: http"), "{seen}");
+    assert!(
+        seen.contains("forwarded: for=127.0.0.1;proto=http"),
+        "{seen}"
+    );
+    assert!(seen.contains(&format!("host: {up}")), "{seen}");
+
+    // The replay is the stored response, byte for byte, and the upstream ran once.
+    let (status, headers, replay) = send(
+        &p,
+        "POST",
+        "/echo",
+        &[
+            ("idempotency-key", "k1"),
+            ("content-type", "application/json"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(replay, seen);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_pass_through_request_loses_a_clients_fencing_token_and_gets_none() {
+    let (up, _) = upstream().await;
+    let p = proxy(&format!("http://{up}")).await;
+    let (status, headers, seen) =
+        send(&p, "GET", "/echo", &[("idempotency-fencing-token", "7")]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!headers.contains_key("idempotent-replayed"));
+    assert!(!seen.contains("idempotency-fencing-token"), "{seen}");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502_and_releases_the_key() {
+    // A port that was free a moment ago: nothing listens there.
+    let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = closed.local_addr().expect("addr");
+    drop(closed);
+    let p = proxy(&format!("http://{addr}")).await;
+    for _ in 0..2 {
+        let (status, headers, body) = send(&p, "POST", "/x", &[("idempotency-key", "k")]).await;
+        assert_eq!(
+            status,
+            StatusCode::BAD_GATEWAY,
+            "released, so never a 409: {body}"
+        );
+        assert_eq!(headers["content-type"], "application/problem+json");
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_timeout_is_a_504_and_the_key_stays_in_progress() {
+    let (up, calls) = upstream().await;
+    let p = proxy(&format!("http://{up}")).await;
+    let (status, _, body) = send(&p, "POST", "/slow", &[("idempotency-key", "s")]).await;
+    assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
+    assert!(body.contains("upstream-timeout"), "{body}");
+    let (status, headers, _) = send(&p, "POST", "/slow", &[("idempotency-key", "s")]).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "the effect is unknown: the key is held"
+    );
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the upstream ran once");
+}
