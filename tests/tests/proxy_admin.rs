@@ -34,6 +34,10 @@ fn admin_endpoints_are_served_on_the_admin_listener() {
         text.contains("proxy_upstream_errors_total{kind=\"timeout\"} 0"),
         "{text}"
     );
+    assert!(
+        !text.contains(TENANT_A) && !text.contains("order-1"),
+        "no scope or key in metric labels: {text}"
+    );
     assert_eq!(
         upstream.total(),
         1,

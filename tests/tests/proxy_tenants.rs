@@ -152,6 +152,17 @@ fn a_verified_bearer_jwt_is_the_scope_and_a_bad_one_is_401() {
     );
     assert_eq!(none.status, 401, "no token: {none:?}");
     assert_eq!(upstream.runs("order-1"), 2, "no refused request ran");
+    // Neither the tokens nor the secret are written to the log.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let logs = proxy.logs().join("\n");
+    for token in [&alice, &bob, &alice_again] {
+        let signature = token.rsplit('.').next().expect("a signature");
+        assert!(
+            !logs.contains(signature),
+            "a bearer token in the log:\n{logs}"
+        );
+    }
+    assert!(!logs.contains("0123456789abcdef"), "the secret in the log");
 }
 
 #[test]
