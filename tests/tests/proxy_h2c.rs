@@ -110,3 +110,54 @@ fn concurrent_copies_on_one_h2c_connection_run_the_upstream_once() {
         }
     }
 }
+
+#[test]
+fn a_stream_cancelled_mid_request_still_completes_its_key() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-h2c-cancel");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let stream = tokio::net::TcpStream::connect(proxy.addr)
+            .await
+            .expect("connect");
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("HTTP/2 handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut request = order("h2-cancel");
+        request
+            .headers_mut()
+            .insert(BEHAVIOUR, "slow=800".parse().expect("value"));
+        let pending = tokio::spawn(send.send_request(request));
+        while upstream_runs(&upstream, "h2-cancel").await == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // RST_STREAM(CANCEL) while the upstream works; the connection stays up.
+        pending.abort();
+    });
+    let mut reply = proxy.post(TENANT_A, "h2-cancel", ORDER, "");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reply.status == 409 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        reply = proxy.post(TENANT_A, "h2-cancel", ORDER, "");
+    }
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert!(
+        reply.replayed(),
+        "the cancelled stream's run was completed: {reply:?}"
+    );
+    assert_eq!(upstream.runs("h2-cancel"), 1);
+}
+
+/// [`Upstream::runs`] off the runtime's worker (it blocks on a socket).
+async fn upstream_runs(upstream: &Upstream, key: &str) -> u64 {
+    tokio::task::block_in_place(|| upstream.runs(key))
+}
