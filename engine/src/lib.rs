@@ -80,7 +80,7 @@ pub use limits::{
 };
 pub use log::group_commit::GroupCommit;
 pub use metrics::HistogramSnapshot;
-pub use options::{CompactionPolicy, Durability, Options};
+pub use options::{CompactionPolicy, Durability, Options, RecoveredClaims};
 pub use pending::{Deferred, Durable, Pending};
 pub use read_only::ReadOnlyStore;
 pub use record::{Record, RecordState};

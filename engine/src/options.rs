@@ -9,6 +9,26 @@ use crate::limits::MAX_VALUE;
 use crate::log::group_commit::GroupCommit;
 use crate::storage::{FsStorage, Storage};
 
+/// What a claim found in progress when the store opens means.
+///
+/// A claim is written to the log when it is made and whenever its lease is renewed, with the
+/// wall-clock end of its lease. Whether the work it guards can outlive the process decides what a
+/// restarted store does with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveredClaims {
+    /// The work ran inside the process that is gone (a handler in an embedded server): nobody can
+    /// still be running it, so the first retry takes the claim over at once instead of waiting out
+    /// a lease nobody renews.
+    #[default]
+    Abandoned,
+    /// The work may still be running outside the process (a reverse proxy's upstream, which does
+    /// not stop when the proxy dies): the claim keeps its lease as the log last wrote it, judged
+    /// from the open on the monotonic clock and never longer than [`Options::lease`] (so a wall
+    /// clock stepped back cannot stretch it). Retries get an in-progress answer until then, and
+    /// only afterwards take the claim over with a larger fencing token.
+    HeldUntilLeaseEnd,
+}
+
 /// When an operation's record must be on stable storage before the call returns.
 ///
 /// | mode | a call returns after | process crash | power loss |
@@ -69,6 +89,8 @@ pub struct Options {
     /// How long a claim holds its key before another claim may take it over (30 s by default).
     /// [`crate::Store::extend`] renews it.
     pub lease: Duration,
+    /// What a claim found in progress at open means; [`RecoveredClaims::Abandoned`] by default.
+    pub recovered_claims: RecoveredClaims,
     /// Size at which the active segment is sealed and a new one started (64 MiB by default).
     pub segment_size: u32,
     /// Largest response body or side value accepted (4 MiB by default, at most 16 MiB).
@@ -89,6 +111,7 @@ impl Default for Options {
             durability: Durability::Sync,
             group_commit: GroupCommit::Immediate,
             lease: Duration::from_secs(30),
+            recovered_claims: RecoveredClaims::Abandoned,
             segment_size: 64 << 20,
             max_value_bytes: 4 << 20,
             compaction: Some(CompactionPolicy::default()),
@@ -104,6 +127,7 @@ impl std::fmt::Debug for Options {
             .field("durability", &self.durability)
             .field("group_commit", &self.group_commit)
             .field("lease", &self.lease)
+            .field("recovered_claims", &self.recovered_claims)
             .field("segment_size", &self.segment_size)
             .field("max_value_bytes", &self.max_value_bytes)
             .field("compaction", &self.compaction)
@@ -130,6 +154,12 @@ impl Options {
     /// Sets the lease length.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Sets what a claim found in progress at open means.
+    pub fn recovered_claims(mut self, recovered_claims: RecoveredClaims) -> Self {
+        self.recovered_claims = recovered_claims;
         self
     }
 

@@ -19,7 +19,7 @@ use crate::log::segment::Kind;
 use crate::log::segments::Segments;
 use crate::options::Options;
 use crate::record::Record;
-use crate::recovery::{Layout, Replay, open_tail_from, scan_segment};
+use crate::recovery::{Layout, RecoveredLeases, Replay, open_tail_from, scan_segment};
 use crate::storage::LockGuard;
 use crate::store::{Stats, record_at};
 
@@ -57,6 +57,8 @@ impl ReadOnlyStore {
             records: &records,
             side: &side,
             next_fence: 1,
+            // Nothing is claimed through a read-only view: leases do not matter here.
+            leases: RecoveredLeases::Over,
         };
         let open_tail = open_tail_from(storage, &layout, &segments)?;
         let mut torn_tail = None;

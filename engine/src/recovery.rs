@@ -32,6 +32,7 @@ use crate::log::segment::{self, Kind, Loc};
 use crate::log::segments::{SegmentFile, Segments};
 use crate::log::writer::create_segment;
 use crate::manifest::Manifest;
+use crate::options::{Options, RecoveredClaims};
 use crate::storage::Storage;
 
 /// What opening found and did.
@@ -73,6 +74,59 @@ pub(crate) struct Replay<'a> {
     pub(crate) records: &'a Sharded<Entry>,
     pub(crate) side: &'a Sharded<SideEntry>,
     pub(crate) next_fence: u64,
+    /// The lease an in-progress claim keeps.
+    pub(crate) leases: RecoveredLeases,
+}
+
+/// The in-memory lease deadline a claim found in progress gets at open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RecoveredLeases {
+    /// Over at once ([`index::LEASE_RECOVERED`]): its holder died with the previous process.
+    Over,
+    /// Until the wall-clock lease end the log holds, measured from the open on the monotonic
+    /// clock, and at most one lease.
+    Held {
+        /// Wall-clock reading at open, in ms.
+        wall_ms: u64,
+        /// Monotonic reading at open, at least 1.
+        monotonic_ms: u64,
+        /// The store's lease, in ms.
+        lease_ms: u64,
+    },
+}
+
+impl RecoveredLeases {
+    /// The policy of `options`, read off its clock now.
+    pub(crate) fn from_options(options: &Options) -> Self {
+        match options.recovered_claims {
+            RecoveredClaims::Abandoned => Self::Over,
+            RecoveredClaims::HeldUntilLeaseEnd => Self::Held {
+                wall_ms: options.clock.now_ms(),
+                monotonic_ms: options.clock.monotonic_ms().max(1),
+                lease_ms: u64::try_from(options.lease.as_millis()).unwrap_or(u64::MAX),
+            },
+        }
+    }
+
+    /// The in-memory deadline of a claim whose log record says its lease ends at `lease_until_ms`
+    /// (wall clock).
+    pub(crate) fn deadline(self, lease_until_ms: u64) -> u64 {
+        match self {
+            Self::Over => index::LEASE_RECOVERED,
+            Self::Held {
+                wall_ms,
+                monotonic_ms,
+                lease_ms,
+            } => {
+                let left = lease_until_ms.saturating_sub(wall_ms).min(lease_ms);
+                if left == 0 {
+                    index::LEASE_RECOVERED
+                } else {
+                    monotonic_ms.saturating_add(left)
+                }
+            }
+        }
+    }
 }
 
 impl Replay<'_> {
@@ -104,15 +158,20 @@ impl Replay<'_> {
     fn apply_record(&self, id: &index::RecordKey, op: &Op<'_>, loc: Loc) {
         let id = id.as_bytes();
         let hash = self.records.hash(id);
-        // Whoever held a claim found in the log was a process that is gone: its lease is over, so
-        // the first retry takes the claim over instead of waiting out a lease nobody renews.
+        // Whoever held a claim found in the log was a process that is gone. Whether its work went
+        // with it is the store's option (`RecoveredClaims`): by default its lease is over, so the
+        // first retry takes the claim over instead of waiting out a lease nobody renews.
+        let deadline = match op {
+            Op::InProgress { lease_until, .. } => self.leases.deadline(*lease_until),
+            _ => index::LEASE_RECOVERED,
+        };
         index::apply_record(
             &mut self.records.shard(hash).lock(),
             hash,
             id,
             op,
             loc,
-            index::LEASE_RECOVERED,
+            deadline,
         );
     }
 }

@@ -34,7 +34,7 @@ use crate::options::{CompactionPolicy, Durability, Options};
 use crate::pending::{Deferred, Durable, Pending};
 use crate::quota::{Admit, ScopeCounts};
 use crate::record::{Record, RecordState};
-use crate::recovery::{self, RecoveryReport, Replay};
+use crate::recovery::{self, RecoveredLeases, RecoveryReport, Replay};
 use crate::response::StoredResponse;
 use crate::side::SideWrite;
 use crate::storage::LockGuard;
@@ -193,6 +193,7 @@ impl Store {
             records: &records,
             side: &side,
             next_fence: 1,
+            leases: RecoveredLeases::from_options(&options),
         };
         let recovered = recovery::recover(&*storage, &dir, &segments, &mut replay)?;
         let writer = Arc::new(LogWriter::new(

@@ -5,7 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Fixture, LEASE, TTL, acquire, created, fp};
-use idemlog::{ClaimOutcome, Error, RecordState, SideWrite, StoredResponse, Takeover};
+use idemlog::{
+    ClaimOutcome, Error, RecordState, RecoveredClaims, SideWrite, StoredResponse, Takeover,
+};
 
 #[test]
 fn fresh_key_is_acquired_without_takeover() {
@@ -339,4 +341,92 @@ fn an_in_progress_claim_recovered_at_open_is_taken_over_by_the_first_retry() {
         Err(Error::LeaseLost { .. })
     ));
     store.complete(&retry, &created("retry"), &[]).unwrap();
+}
+
+/// A store whose claims guard work outside the process (a reverse proxy) reopened with
+/// [`RecoveredClaims::HeldUntilLeaseEnd`].
+fn open_holding_recovered_claims(f: &Fixture) -> idemlog::Store {
+    idemlog::Store::open(
+        &f.dir,
+        f.options()
+            .recovered_claims(RecoveredClaims::HeldUntilLeaseEnd),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_claim_recovered_under_held_leases_answers_in_progress_until_its_lease_ends() {
+    let f = Fixture::new();
+    let store = f.open();
+    let dead = acquire(&store, "acct", "k1", fp(1));
+    drop(store);
+    f.clock.advance(Duration::from_secs(10));
+    let store = open_holding_recovered_claims(&f);
+    // 30 s lease written at t0, reopened at t0 + 10 s: 20 s left.
+    match store.claim(b"acct", b"k1", &fp(1), TTL).unwrap() {
+        ClaimOutcome::InProgress {
+            retry_after: lease_left,
+        } => {
+            assert_eq!(lease_left, LEASE - Duration::from_secs(10))
+        }
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    f.clock.advance(Duration::from_secs(19));
+    assert!(matches!(
+        store.claim(b"acct", b"k1", &fp(1), TTL).unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    f.clock.advance(Duration::from_secs(1));
+    let retry = acquire(&store, "acct", "k1", fp(1));
+    assert_eq!(retry.takeover(), Some(Takeover::LeaseExpired));
+    assert!(retry.fence() > dead.fence());
+}
+
+#[test]
+fn a_held_recovered_claim_keeps_the_lease_of_its_last_renewal() {
+    let f = Fixture::new();
+    let store = f.open();
+    let token = acquire(&store, "acct", "k1", fp(1));
+    f.clock.advance(Duration::from_secs(25));
+    store.extend(&token).unwrap();
+    drop(store);
+    let store = open_holding_recovered_claims(&f);
+    match store.claim(b"acct", b"k1", &fp(1), TTL).unwrap() {
+        ClaimOutcome::InProgress {
+            retry_after: lease_left,
+        } => assert_eq!(lease_left, LEASE),
+        other => panic!("expected in progress, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_held_recovered_claim_whose_lease_already_ended_is_taken_over_at_once() {
+    let f = Fixture::new();
+    let store = f.open();
+    acquire(&store, "acct", "k1", fp(1));
+    drop(store);
+    f.clock.advance(LEASE);
+    let store = open_holding_recovered_claims(&f);
+    let retry = acquire(&store, "acct", "k1", fp(1));
+    assert_eq!(retry.takeover(), Some(Takeover::LeaseExpired));
+}
+
+#[test]
+fn a_wall_clock_stepped_back_cannot_stretch_a_held_recovered_lease() {
+    let f = Fixture::new();
+    let store = f.open();
+    acquire(&store, "acct", "k1", fp(1));
+    drop(store);
+    // The log says the lease ends 30 s after t0; the wall clock now reads an hour earlier.
+    f.clock.step_wall_back(Duration::from_secs(3600));
+    let store = open_holding_recovered_claims(&f);
+    match store.claim(b"acct", b"k1", &fp(1), TTL).unwrap() {
+        ClaimOutcome::InProgress {
+            retry_after: lease_left,
+        } => assert_eq!(lease_left, LEASE),
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    f.clock.advance_monotonic(LEASE);
+    let retry = acquire(&store, "acct", "k1", fp(1));
+    assert_eq!(retry.takeover(), Some(Takeover::LeaseExpired));
 }

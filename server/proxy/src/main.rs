@@ -54,6 +54,13 @@ fn main() -> ExitCode {
         },
         None => Vec::new(),
     };
+    let largest_stored = rules
+        .iter()
+        .map(|r| r.settings.max_stored_response_bytes)
+        .fold(defaults.max_stored_response_bytes, usize::max);
+    if let Err(e) = store::check_limits(&cli, largest_stored) {
+        return config_error(e);
+    }
     let metrics = UpstreamMetrics::default();
     let upstream = match Upstream::new(&cli.upstream, cli.upstream_timeout, metrics.clone()) {
         Ok(upstream) => Arc::new(upstream),
@@ -99,9 +106,7 @@ async fn run(
     let largest_stored = rules
         .iter()
         .map(|r| r.settings.max_stored_response_bytes)
-        .chain(std::iter::once(defaults.max_stored_response_bytes))
-        .max()
-        .unwrap_or(defaults.max_stored_response_bytes);
+        .fold(defaults.max_stored_response_bytes, usize::max);
     let store = store::open(&cli, largest_stored).await?;
     info!(
         backend = store.kind(),

@@ -47,6 +47,25 @@ pub async fn open(cli: &Cli, largest_stored: usize) -> Result<StoreHandle, OpenE
     }
 }
 
+/// Room left in an engine value for a stored response's status and headers.
+const HEADER_ROOM: usize = 64 * 1024;
+
+/// Refuses a stored-response limit the chosen store cannot hold (checked before start-up, so that
+/// it is a configuration error rather than a request that fails later).
+pub fn check_limits(cli: &Cli, largest_stored: usize) -> Result<(), String> {
+    if cli.database_url.is_some() {
+        return Ok(());
+    }
+    let most = Options::default().max_value_bytes - HEADER_ROOM;
+    if largest_stored > most {
+        return Err(format!(
+            "max_stored_response_bytes {largest_stored} is too large for the embedded store: at \
+             most {most} bytes"
+        ));
+    }
+    Ok(())
+}
+
 async fn open_embedded(cli: &Cli, largest_stored: usize) -> Result<StoreHandle, OpenError> {
     let durability = match cli.durability {
         DurabilityArg::Sync => idemlog::Durability::Sync,
@@ -56,14 +75,7 @@ async fn open_embedded(cli: &Cli, largest_stored: usize) -> Result<StoreHandle, 
         .durability(durability)
         .lease(cli.lease)
         .clock(Arc::new(SystemClock));
-    // A stored response is a value of the engine, plus its headers: leave room for them.
-    if largest_stored + 64 * 1024 > options.max_value_bytes {
-        return Err(OpenError::Limit(format!(
-            "max_stored_response_bytes {largest_stored} is too large for the embedded store: at \
-             most {} bytes",
-            options.max_value_bytes - 64 * 1024
-        )));
-    }
+    check_limits(cli, largest_stored).map_err(OpenError::Limit)?;
     let dir = cli.data_dir.clone();
     let embedded = tokio::task::spawn_blocking(move || EmbeddedBackend::open(&dir, options))
         .await?

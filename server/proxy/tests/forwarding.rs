@@ -23,7 +23,7 @@ use idemlog::{ManualClock, Options};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 use idemlog_proxy::app::App;
 use idemlog_proxy::cli::Cli;
-use idemlog_proxy::config::RouteSettings;
+use idemlog_proxy::config::{RouteSettings, parse_rules};
 use idemlog_proxy::forward::Upstream;
 use idemlog_proxy::metrics::UpstreamMetrics;
 use idemlog_proxy::scope::ScopeSource;
@@ -49,7 +49,7 @@ async fn upstream() -> (SocketAddr, Arc<AtomicU64>) {
         "late"
     }
     let app = Router::new()
-        .route("/echo", post(echo).get(echo))
+        .route("/echo", post(echo).get(echo).put(echo))
         .route("/slow", post(slow))
         .with_state(Arc::clone(&calls));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -64,6 +64,10 @@ struct Proxy {
 }
 
 async fn proxy(upstream: &str) -> Proxy {
+    proxy_with_rules(upstream, "").await
+}
+
+async fn proxy_with_rules(upstream: &str, rules: &str) -> Proxy {
     let cli = Cli::try_parse_from([
         "idemlog-proxy",
         "--upstream",
@@ -92,13 +96,8 @@ async fn proxy(upstream: &str) -> Proxy {
     .expect("upstream");
     let scope = ScopeSource::from_cli(&cli).expect("scope");
     let defaults = RouteSettings::defaults(&cli);
-    let app = App::new(
-        Arc::new(store),
-        Arc::new(upstream),
-        scope,
-        &defaults,
-        Vec::new(),
-    );
+    let rules = parse_rules(rules, "rules.toml", &defaults).expect("rules");
+    let app = App::new(Arc::new(store), Arc::new(upstream), scope, &defaults, rules);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -246,4 +245,31 @@ async fn an_upstream_timeout_is_a_504_and_the_key_stays_in_progress() {
     );
     assert!(headers.contains_key("retry-after"));
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the upstream ran once");
+}
+
+#[tokio::test]
+async fn route_rules_choose_which_requests_need_a_key_and_what_releases() {
+    let (up, calls) = upstream().await;
+    let rules = r#"
+        [[route]]
+        methods = ["POST", "PUT"]
+        path = "/echo"
+        key = "required"
+        release_statuses = ["2xx"]
+    "#;
+    let p = proxy_with_rules(&format!("http://{up}"), rules).await;
+    let (status, _, body) = send(&p, "POST", "/echo", &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("idempotency-key-missing"), "{body}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // PUT is protected by the rule; a 2xx releases, so the same key runs again.
+    for _ in 0..2 {
+        let (status, headers, _) = send(&p, "PUT", "/echo", &[("idempotency-key", "p")]).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!headers.contains_key("idempotent-replayed"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // Unmatched POST: the defaults (key optional, so a keyless one passes through).
+    let (status, _, _) = send(&p, "POST", "/slow-not-matched", &[]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

@@ -122,7 +122,7 @@ fn fp(mode: FingerprintMode, content_type: Option<&'static str>, body: &[u8]) ->
     if let Some(content_type) = content_type {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     }
-    fingerprint(mode, &Method::POST, "/payments", None, &headers, body)
+    fingerprint(mode, &Method::POST, "/orders", None, &headers, body)
 }
 
 /// `parse_body_strict` (one pass) answers as `duplicate_member` and then `parse_body` (two) did:
