@@ -13,7 +13,12 @@
 //!   `/healthz`, and can be stopped (SIGTERM), crashed (SIGKILL) and started again with the same
 //!   arguments (so the same data directory).
 //! - [`http`] is the minimal blocking HTTP/1.1 client of the crate, for any address and any
-//!   headers (the caller may replace `Host` and `Connection`).
+//!   headers (the caller may replace `Host` and `Connection`); [`http_raw`] sends bytes exactly as
+//!   written; [`KeepAlive`] sends several requests on one connection and reads each response by
+//!   its framing.
+//! - [`mint_jwt`], [`mint_rs256_jwt`] and [`jwks_of`] make bearer tokens and key sets with
+//!   `tests/upstream/mint_jwt.py` (and the `openssl` command for RSA), so the JWT scope is tested
+//!   without a JWT crate on the test side.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
