@@ -176,6 +176,11 @@ fn a_malformed_key_is_400_and_never_reaches_the_upstream() {
     );
     assert_problem(&reply, 400);
     assert_eq!(upstream.total(), 0);
+    // The longest key is fine.
+    let longest = "k".repeat(255);
+    let reply = proxy.post(TENANT_A, &longest, ORDER, "");
+    assert_eq!(reply.status, 201, "{reply:?}");
+    assert_eq!(upstream.runs(&longest), 1);
 }
 
 #[test]
@@ -195,7 +200,13 @@ fn a_protected_request_without_a_scope_header_is_401() {
     assert_problem(&reply, 401);
     let empty = proxy.post("", "order-1", ORDER, "");
     assert_problem(&empty, 401);
+    // A scope is 1 to 255 bytes: a longer one is refused, not cut or hashed into another.
+    let long = "t".repeat(256);
+    let too_long = proxy.post(&long, "order-1", ORDER, "");
+    assert_problem(&too_long, 401);
     assert_eq!(upstream.total(), 0);
+    let longest = proxy.post(&long[..255], "order-1", ORDER, "");
+    assert_eq!(longest.status, 201, "{longest:?}");
 }
 
 #[test]
