@@ -143,7 +143,7 @@ async fn run(
     let addr = listener.local_addr()?;
     info!(addr = %addr, "proxy listening");
 
-    serve::serve(
+    let grace_ends = serve::serve(
         listener,
         app,
         serve::shutdown_signal(),
@@ -162,14 +162,20 @@ async fn run(
             "waiting for requests whose clients left to finish"
         );
     }
-    if tokio::time::timeout(cli.shutdown_grace, in_flight.wait_idle())
+    // One grace period in all: connections and the requests whose clients left share it.
+    if tokio::time::timeout_at(grace_ends, in_flight.wait_idle())
         .await
         .is_err()
     {
+        // Nothing releases these claims: the upstream may still be running them. Their keys stay
+        // in progress in the store (the embedded store keeps the lease across the restart, see
+        // `store`), so a retry gets 409 until the lease ends and runs the upstream again only then.
         warn!(
             tasks = in_flight.count(),
-            "requests still running after the grace period: their keys are taken over after \
-             the lease"
+            lease_ms = cli.lease.as_millis() as u64,
+            "requests still running after the grace period are cut off: their keys are not \
+             released; retries get 409 until each claim's lease ends (at most --lease after its \
+             last renewal), then a retry takes the key over and runs the upstream again"
         );
     }
     let _ = admin_stop.send(());

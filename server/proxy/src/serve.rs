@@ -46,13 +46,14 @@ pub struct Limits {
 }
 
 /// Serves `listener` until `shutdown` resolves, then drains connections for at most
-/// `limits.grace`.
+/// `limits.grace`. Returns when the grace period ends (`now + grace` at the signal), so that the
+/// caller's wait for requests whose clients left shares the same deadline.
 pub async fn serve(
     listener: TcpListener,
     app: App,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
-) {
+) -> tokio::time::Instant {
     let Limits {
         grace,
         body_read_timeout,
@@ -110,9 +111,10 @@ pub async fn serve(
             }
         });
     }
+    let deadline = tokio::time::Instant::now() + grace;
     drop(listener);
     info!("stopped accepting: waiting for the requests in flight");
-    if tokio::time::timeout(grace, graceful.shutdown())
+    if tokio::time::timeout_at(deadline, graceful.shutdown())
         .await
         .is_err()
     {
@@ -121,6 +123,7 @@ pub async fn serve(
             "connections still open after the grace period: closing them"
         );
     }
+    deadline
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

@@ -1,11 +1,19 @@
 //! Opening the store the layer runs on: the embedded engine in `--data-dir` (the default), or
 //! PostgreSQL with `--database-url` (several proxies sharing keys). Both are the layer crate's own
-//! backends; nothing here is specific to the proxy but the flags.
+//! backends; what is specific to the proxy is the flags and one engine option.
+//!
+//! The embedded store opens with [`RecoveredClaims::HeldUntilLeaseEnd`]: a claim found in progress
+//! at open was held by a proxy that died (`kill -9`) or was stopped before the upstream answered
+//! (the shutdown grace ran out), and the upstream it forwarded to does not stop with the proxy. So
+//! such a claim keeps the lease its last log record holds (at most `--lease`): retries get 409 with
+//! `Retry-After` until it ends, exactly as after a 504, instead of running the upstream a second
+//! time while the first run may still be going. PostgreSQL keeps leases in the database, which
+//! already behaves this way.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemlog::{Options, SystemClock};
+use idemlog::{Options, RecoveredClaims, SystemClock};
 use idemlog_idempotency::StoreHandle;
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
 use idemlog_idempotency::backends::postgres::{PgConfig, PostgresBackend, redacted_url};
@@ -74,6 +82,7 @@ async fn open_embedded(cli: &Cli, largest_stored: usize) -> Result<StoreHandle, 
     let options = Options::default()
         .durability(durability)
         .lease(cli.lease)
+        .recovered_claims(RecoveredClaims::HeldUntilLeaseEnd)
         .clock(Arc::new(SystemClock));
     check_limits(cli, largest_stored).map_err(OpenError::Limit)?;
     let dir = cli.data_dir.clone();
@@ -90,7 +99,8 @@ async fn open_embedded(cli: &Cli, largest_stored: usize) -> Result<StoreHandle, 
             segments = report.segments,
             operations = report.operations,
             durability = ?cli.durability,
-            "embedded store opened: log replayed"
+            "embedded store opened: log replayed (claims found in progress keep their lease: \
+             the upstream may still be running them)"
         );
         if let Some(torn) = &report.torn_tail {
             warn!(
