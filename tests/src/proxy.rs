@@ -670,6 +670,16 @@ impl Proxy {
         )
     }
 
+    /// `POST path` for `tenant` with `key` and a JSON `body`.
+    pub fn post_to(&self, path: &str, tenant: &str, key: &str, body: &str) -> Reply {
+        self.request(
+            "POST",
+            path,
+            &order_headers(tenant, key, ""),
+            body.as_bytes(),
+        )
+    }
+
     /// `GET` on the admin listener.
     pub fn admin_get(&self, path: &str) -> Reply {
         http(self.admin_addr, "GET", path, &[], b"")

@@ -348,3 +348,51 @@ fn an_expired_key_runs_again() {
     assert_ne!(later.body, first.body);
     assert_eq!(upstream.runs("order-1"), 2);
 }
+
+#[test]
+fn a_route_rule_chooses_the_protected_methods_and_the_key_ttl() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-route-methods");
+    let config_dir = TempDir::new("proxy-route-methods-config");
+    let config = write_config(
+        config_dir.path(),
+        "proxy.toml",
+        r#"
+[[route]]
+methods = ["PUT"]
+path = "/documents/*"
+
+[[route]]
+path = "/carts/**"
+key_ttl = "1s"
+"#,
+    );
+    let config = config.to_str().expect("utf-8 path");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
+    // PUT is protected on /documents/*; elsewhere PUT passes through.
+    let put = order_headers(TENANT_A, "doc-1", "");
+    let first = proxy.request("PUT", "/documents/7", &put, ORDER.as_bytes());
+    let replay = proxy.request("PUT", "/documents/7", &put, ORDER.as_bytes());
+    assert_eq!(first.status, 201, "{first:?}");
+    assert!(replay.replayed(), "PUT is protected here: {replay:?}");
+    assert_eq!(upstream.runs("doc-1"), 1);
+    let elsewhere = order_headers(TENANT_A, "doc-2", "");
+    let _ = proxy.request("PUT", "/other/7", &elsewhere, ORDER.as_bytes());
+    let again = proxy.request("PUT", "/other/7", &elsewhere, ORDER.as_bytes());
+    assert!(!again.replayed(), "PUT elsewhere passes through");
+    assert_eq!(upstream.runs("doc-2"), 2);
+    // /carts keeps its keys for 1 s; the default route for a day.
+    let cart = proxy.post_to("/carts/1", TENANT_A, "cart-1", ORDER);
+    let order = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert_eq!((cart.status, order.status), (201, 201));
+    std::thread::sleep(Duration::from_millis(1500));
+    let cart_again = proxy.post_to("/carts/1", TENANT_A, "cart-1", ORDER);
+    let order_again = proxy.post(TENANT_A, "order-1", ORDER, "");
+    assert!(
+        !cart_again.replayed(),
+        "the cart key expired: {cart_again:?}"
+    );
+    assert!(order_again.replayed(), "{order_again:?}");
+    assert_eq!(upstream.runs("cart-1"), 2);
+    assert_eq!(upstream.runs("order-1"), 1);
+}
