@@ -184,3 +184,29 @@ fn a_large_request_body_reaches_the_upstream_whole() {
     assert_eq!(other.status, 422, "one byte differs: {other:?}");
     assert_eq!(upstream.total(), 1);
 }
+
+#[test]
+#[ignore = "proxy bug (issue-43 a4421fa): Content-Encoding is not on the default stored-header \
+            list, so a gzip answer (any upstream that honours the client's Accept-Encoding) \
+            replays as gzip bytes labelled application/json; representation headers must be kept \
+            or encoded answers not stored"]
+fn a_compressed_answer_replays_with_its_content_encoding() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-gzip");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let first = proxy.post(TENANT_A, "order-1", ORDER, "gzip");
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(first.header("content-encoding"), Some("gzip"));
+    assert_eq!(&first.body[..2], &[0x1f, 0x8b], "gzip bytes");
+    let replay = proxy.post(TENANT_A, "order-1", ORDER, "gzip");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    // The same bytes without `Content-Encoding: gzip` are not the same answer: a client would read
+    // gzip as JSON.
+    assert_eq!(
+        replay.header("content-encoding"),
+        Some("gzip"),
+        "{:?}",
+        replay.headers
+    );
+}

@@ -24,6 +24,7 @@ Behaviour is chosen per request with ``X-Test-Behaviour``, a comma-separated lis
 ``big=<bytes>``    a ``text/plain`` body of exactly that many bytes (starting with run and seq)
 ``cookie``         add ``Set-Cookie: session=<unique>; Path=/``
 ``chunked``        send the body with ``Transfer-Encoding: chunked`` (100-byte chunks)
+``gzip``           compress the body with gzip and say so in ``Content-Encoding``
 ``truncate``       announce the whole body's length, send half of it, close the connection
 ``stall``          announce the whole body's length, send half of it, then hang
 
@@ -40,6 +41,7 @@ Start: ``counting_upstream.py [--port N]`` (default 0: any free port); it binds 
 """
 
 import argparse
+import gzip
 import hashlib
 import json
 import sys
@@ -99,6 +101,8 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def send(self, status, body, content_type="application/json", extra=(), chunked=False):
+        if any(name == "Content-Encoding" for name, _ in extra):
+            body = gzip.compress(body, mtime=0)
         self.send_response(status)
         if status in (204, 304):
             # No body, by definition (RFC 9110 sections 15.3.5 and 15.4.5).
@@ -181,6 +185,8 @@ class Handler(BaseHTTPRequestHandler):
             # Not in the proxy's default allow-list: a replay must not carry it.
             ("X-Upstream-Seq", str(seq)),
         ]
+        if "gzip" in behaviour:
+            extra.append(("Content-Encoding", "gzip"))
         if "cookie" in behaviour:
             extra.append(("Set-Cookie", "session=%s; Path=/" % nonce))
         status = 500 if "fail" in behaviour else 201
