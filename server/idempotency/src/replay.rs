@@ -4,13 +4,17 @@
 //! `ETag` ([`STORED_HEADERS`]; `IdempotencyConfig::stored_headers` changes it). Everything else
 //! (notably `Set-Cookie`, which may carry a session for the first caller only) is left out unless
 //! listed. Status and body bytes are stored exactly; a replay adds `Idempotent-Replayed: true`.
+//! `Content-Encoding` ([`BODY_HEADERS`]) is stored and replayed with every stored body whatever the
+//! allow-list: it says what the bytes are (gzip bytes without it would be read as the content type),
+//! so it belongs to the body, not to the headers one may choose.
 //!
 //! A response whose body is larger than what is stored is recorded by [`body_not_kept`]: its
 //! status and allow-listed headers, with a problem+json body saying the request completed with that
-//! status and its body was not kept. Replaying it needs nothing special.
+//! status and its body was not kept (with no `Content-Encoding`: that body is plain JSON).
+//! Replaying it needs nothing special.
 
 use axum::body::Body;
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
+use axum::http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, ETAG, LOCATION};
 use axum::http::response::Parts;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -25,15 +29,20 @@ pub const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// Headers that are stored and replayed.
 pub const STORED_HEADERS: [HeaderName; 3] = [CONTENT_TYPE, LOCATION, ETAG];
 
+/// Headers that describe the stored body bytes themselves: stored and replayed with a body whatever
+/// the allow-list.
+pub const BODY_HEADERS: [HeaderName; 1] = [CONTENT_ENCODING];
+
 /// The stored form of a response, with the default allow-list.
 pub fn to_stored(parts: &Parts, body: Bytes) -> StoredResponse {
     to_stored_with(parts, body, &STORED_HEADERS)
 }
 
-/// The stored form of a response, keeping the headers named in `allowed`.
+/// The stored form of a response, keeping the headers named in `allowed` and [`BODY_HEADERS`].
 pub fn to_stored_with(parts: &Parts, body: Bytes, allowed: &[HeaderName]) -> StoredResponse {
     let mut stored = StoredResponse::new(parts.status.as_u16(), body);
-    for name in allowed {
+    let body_headers = BODY_HEADERS.iter().filter(|name| !allowed.contains(name));
+    for name in allowed.iter().chain(body_headers) {
         for value in parts.headers.get_all(name) {
             stored = stored.with_header(name.as_str(), Bytes::copy_from_slice(value.as_bytes()));
         }
@@ -45,7 +54,8 @@ pub fn to_stored_with(parts: &Parts, body: Bytes, allowed: &[HeaderName]) -> Sto
 pub const BODY_NOT_KEPT: &str = "response-body-not-kept";
 
 /// What is stored for a response whose body exceeded `limit` bytes: its status and its
-/// allow-listed headers (but `Content-Type`, `Content-Length`), with a problem+json body that says
+/// allow-listed headers (but `Content-Type`, `Content-Length`, `Content-Encoding`: they described
+/// the body that was not kept), with a problem+json body that says
 /// the request completed with this status and its body was not kept. Its replay therefore tells
 /// a retrying client the truth (it ran, with this status, and `Location` still points to what it
 /// made) without running the request again.
@@ -66,7 +76,7 @@ pub fn body_not_kept(parts: &Parts, limit: usize, allowed: &[HeaderName]) -> Sto
         Bytes::from_static(PROBLEM_JSON.as_bytes()),
     );
     for name in allowed {
-        if name == CONTENT_TYPE || name == CONTENT_LENGTH {
+        if name == CONTENT_TYPE || name == CONTENT_LENGTH || name == CONTENT_ENCODING {
             continue;
         }
         for value in parts.headers.get_all(name) {
@@ -82,8 +92,8 @@ pub fn replay(stored: StoredResponse) -> Response {
 }
 
 /// The replay of a stored response. Headers are checked against `allowed` again (plus
-/// `Content-Type`, which [`body_not_kept`] always writes), so nothing outside the allow-list can
-/// ever be replayed.
+/// `Content-Type`, which [`body_not_kept`] always writes, and [`BODY_HEADERS`]), so nothing outside
+/// the allow-list can ever be replayed.
 pub fn replay_with(stored: StoredResponse, allowed: &[HeaderName]) -> Response {
     let Ok(status) = StatusCode::from_u16(stored.status) else {
         return Problem::internal(format!(
@@ -100,6 +110,7 @@ pub fn replay_with(stored: StoredResponse, allowed: &[HeaderName]) -> Response {
         let Some(name) = allowed
             .iter()
             .chain(std::iter::once(&CONTENT_TYPE))
+            .chain(BODY_HEADERS.iter())
             .find(|allowed| allowed.as_str().eq_ignore_ascii_case(&name))
         else {
             continue;
@@ -190,6 +201,50 @@ mod tests {
         let detail = json["detail"].as_str().expect("detail");
         assert!(detail.contains("completed with status 201"), "{detail}");
         assert!(detail.contains("not run again"), "{detail}");
+    }
+
+    #[test]
+    fn content_encoding_is_stored_and_replayed_with_the_body_whatever_the_allow_list() {
+        let response = Response::builder()
+            .status(201)
+            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_ENCODING, "gzip")
+            .body(())
+            .expect("response");
+        let (parts, ()) = response.into_parts();
+        let gzip = Bytes::from_static(&[0x1f, 0x8b, 8, 0]);
+        for allowed in [
+            &STORED_HEADERS[..],
+            &[LOCATION][..],
+            &[CONTENT_ENCODING][..],
+        ] {
+            let stored = to_stored_with(&parts, gzip.clone(), allowed);
+            let encodings = stored
+                .headers
+                .iter()
+                .filter(|(name, _)| name.eq_ignore_ascii_case("content-encoding"))
+                .count();
+            assert_eq!(encodings, 1, "{allowed:?}");
+            let replayed = replay_with(stored, allowed);
+            assert_eq!(replayed.headers()[CONTENT_ENCODING], "gzip", "{allowed:?}");
+        }
+    }
+
+    #[test]
+    fn a_body_not_kept_drops_the_encoding_of_the_body_it_replaces() {
+        let response = Response::builder()
+            .status(201)
+            .header(CONTENT_TYPE, "application/json")
+            .header(CONTENT_ENCODING, "gzip")
+            .header(LOCATION, "/files/1")
+            .body(())
+            .expect("response");
+        let (parts, ()) = response.into_parts();
+        let allowed = [CONTENT_ENCODING, LOCATION];
+        let replayed = replay_with(body_not_kept(&parts, 1024, &allowed), &allowed);
+        assert!(replayed.headers().get(CONTENT_ENCODING).is_none());
+        assert_eq!(replayed.headers()[CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(replayed.headers()[LOCATION], "/files/1");
     }
 
     #[test]

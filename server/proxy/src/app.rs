@@ -4,12 +4,15 @@
 //! For every request, in order:
 //! 1. with `--scope-header`, a request carrying that header from an untrusted peer is a 401,
 //!    whatever it is for;
-//! 2. the first route rule whose methods and path match gives the settings; with none, `POST` and
+//! 2. a request whose method some rule names must have a path in normal form
+//!    ([`crate::normal_path`]), else 400 problem+json and nothing is forwarded, so that no
+//!    spelling of a path evades the rule meant for it;
+//! 3. the first route rule whose methods and path match gives the settings; with none, `POST` and
 //!    `PATCH` get the command line's defaults, and every other request passes through;
-//! 3. a protected request without `Idempotency-Key` passes through (key optional) or is a 400
+//! 4. a protected request without `Idempotency-Key` passes through (key optional) or is a 400
 //!    (key required);
-//! 4. the scope is taken from the configured source (none or invalid → 401);
-//! 5. the route's [`IdempotencyLayer`] claims the key, runs [`Forward`] and completes, releases or
+//! 5. the scope is taken from the configured source (none or invalid → 401);
+//! 6. the route's [`IdempotencyLayer`] claims the key, runs [`Forward`] and completes, releases or
 //!    leaves the key as the outcome says (see `forward`).
 //!
 //! Every route's layer is built with [`IdempotencyLayer::with_config`] from one base layer, so they
@@ -18,7 +21,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{Method, Request, Response, StatusCode};
 use axum::response::IntoResponse;
 use idemlog_idempotency::{
     IdempotencyConfig, IdempotencyLayer, Idempotent, Problem, ReleaseStatuses, StoreHandle,
@@ -28,6 +31,7 @@ use tracing::info;
 
 use crate::config::{DEFAULT_METHODS, KeyRequirement, RouteRule, RouteSettings, StatusSpec};
 use crate::forward::{Forward, Peer, Upstream};
+use crate::normal_path::{self, NotNormal};
 use crate::routes::first_match;
 use crate::scope::{ScopeError, ScopeSource};
 
@@ -46,6 +50,8 @@ pub struct App {
 
 struct Inner {
     rules: Vec<(crate::routes::Matcher, Protected)>,
+    /// Every method some rule names: their paths must be in normal form (step 2).
+    ruled_methods: Vec<Method>,
     default: Protected,
     pass_through: Forward,
     scope: ScopeSource,
@@ -66,7 +72,7 @@ pub fn layer_config(settings: &RouteSettings) -> IdempotencyConfig {
                 StatusSpec::Class(class) => set.with_class(class),
                 StatusSpec::Code(code) => set.with_code(code),
             });
-    // The proxy sends a keyless request around the layer itself (step 3), so the layer, if it
+    // The proxy sends a keyless request around the layer itself (step 4), so the layer, if it
     // ever saw one, would refuse it.
     config.key_required = true;
     config
@@ -92,6 +98,14 @@ impl App {
                 )),
         };
         let default = protect(defaults);
+        let mut ruled_methods: Vec<Method> = Vec::new();
+        for rule in &rules {
+            for method in &rule.matcher.methods {
+                if !ruled_methods.contains(method) {
+                    ruled_methods.push(method.clone());
+                }
+            }
+        }
         let rules = rules
             .iter()
             .map(|rule| (rule.matcher.clone(), protect(&rule.settings)))
@@ -99,6 +113,7 @@ impl App {
         Self {
             inner: Arc::new(Inner {
                 rules,
+                ruled_methods,
                 default,
                 pass_through: Forward::pass_through(Arc::clone(&upstream)),
                 scope,
@@ -121,6 +136,11 @@ impl App {
             return unauthorized(&e);
         }
         let (method, path) = (request.method(), request.uri().path());
+        if inner.ruled_methods.contains(method)
+            && let Err(e) = normal_path::check(path)
+        {
+            return not_normal(path, &e);
+        }
         let route = match first_match(inner.rules.iter().map(|(m, _)| m), method, path) {
             Some(i) => Some(&inner.rules[i].1),
             None if DEFAULT_METHODS.contains(method) => Some(&inner.default),
@@ -163,6 +183,22 @@ async fn pass(forward: &Forward, request: Request<Body>) -> Response<Body> {
         Ok(response) => response,
         Err(e) => match e {},
     }
+}
+
+fn not_normal(path: &str, e: &NotNormal) -> Response<Body> {
+    // The path is the client's text: quoted and escaped (`?`), so it cannot forge a log line.
+    info!(path = ?path, reason = %e, "refused: path not in normal form (400)");
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "path-not-normal",
+        "Request path not in normal form",
+        format!(
+            "{e}; send the path as the upstream reads it: no '.' or '..' segments, no '//', \
+             unreserved characters (letters, digits, '-', '.', '_', '~') not percent-encoded, no \
+             '%2F', '%5C' or '\\' (nothing was forwarded)"
+        ),
+    )
+    .into_response()
 }
 
 fn unauthorized(e: &ScopeError) -> Response<Body> {

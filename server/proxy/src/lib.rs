@@ -5,7 +5,8 @@
 //! The binary (`main.rs`) parses the flags ([`cli`]) and the route rules ([`config`]), chooses the
 //! scope source ([`scope`]), opens the store ([`store`]) and serves two listeners: the proxy
 //! ([`serve`], requests through [`app`] to [`forward`]) and the admin one ([`admin`], with
-//! [`metrics`]). Module docs say what each owns; `README.md` beside this crate says how to run it.
+//! [`metrics`]); [`routes`] and [`normal_path`] decide which rule a request falls under. Module
+//! docs say what each owns; `README.md` beside this crate says how to run it.
 
 pub mod admin;
 pub mod app;
@@ -13,6 +14,7 @@ pub mod cli;
 pub mod config;
 pub mod forward;
 pub mod metrics;
+pub mod normal_path;
 pub mod routes;
 pub mod scope;
 pub mod serve;

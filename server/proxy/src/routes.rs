@@ -1,10 +1,23 @@
 //! Route rules: which requests are protected, and with which settings.
 //!
 //! A rule matches a request by method and path pattern. Patterns are written segment by segment:
-//! a literal segment matches itself exactly, `*` matches any one segment (an empty one too, as in
-//! `/orders//x`), and a final `**` matches any rest of the path, including none (`/orders/**`
-//! matches `/orders`, `/orders/1` and `/orders/1/items`). The query string is not part of the
-//! match. The first rule that matches wins; see [`crate::config`] for what applies when none does.
+//! a literal segment matches itself, `*` matches any one segment, and a final `**` matches any
+//! rest of the path, including none (`/orders/**` matches `/orders`, `/orders/1` and
+//! `/orders/1/items`). The query string is not part of the match. The first rule that matches
+//! wins; see [`crate::config`] for what applies when none does.
+//!
+//! A rule must cover every reading an upstream may give the path, or it could be evaded by
+//! spelling the path another way. Spellings that change the path's structure (dot segments,
+//! `%2F`, `//`, encoded unreserved characters) are refused before matching ([`crate::normal_path`]);
+//! the rest are matched inclusively, so a rule applies if any common reading matches:
+//! - literal segments compare ignoring ASCII case (Express and ASP.NET route case-insensitively);
+//! - a segment also matches with its `;parameters` cut off (servlet containers drop them), so
+//!   `/payments;a=b/card` is `/payments/*`;
+//! - one trailing `/` is optional on both sides (Express and older Spring ignore it), so
+//!   `/payments/card/` is `/payments/*` and `/orders` is `/orders/`.
+//!
+//! Inclusive matching can apply a rule to a path a strict upstream treats as another one: more
+//! protection there, never less here.
 
 use axum::http::Method;
 
@@ -45,7 +58,13 @@ impl PathPattern {
         let Some(body) = text.strip_prefix('/') else {
             return Err(PatternError::NotAbsolute(text.to_owned()));
         };
-        let parts: Vec<&str> = body.split('/').collect();
+        // A trailing `/` is optional in matching: the pattern is kept without it.
+        let body = body.strip_suffix('/').unwrap_or(body);
+        let parts: Vec<&str> = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect()
+        };
         let mut segments = Vec::with_capacity(parts.len());
         let mut rest = false;
         for (i, part) in parts.iter().enumerate() {
@@ -71,19 +90,27 @@ impl PathPattern {
         &self.text
     }
 
-    /// True if `path` (without its query) matches.
+    /// True if `path` (without its query) matches, in any of the readings the module docs list.
     pub fn matches(&self, path: &str) -> bool {
         let Some(body) = path.strip_prefix('/') else {
             return false;
         };
-        let mut parts = body.split('/');
+        // With and without one trailing `/` (the root `/` is the path of no segments).
+        let trimmed = body.strip_suffix('/').unwrap_or(body);
+        self.matches_segments(trimmed)
+            || (trimmed.len() != body.len() && self.matches_segments(body))
+    }
+
+    fn matches_segments(&self, body: &str) -> bool {
+        // The root `/` is no segment at all (not one empty segment).
+        let mut parts = body.split('/').filter(|_| !body.is_empty());
         for segment in &self.segments {
             let Some(part) = parts.next() else {
                 return false;
             };
             match segment {
                 Segment::Any => {}
-                Segment::Literal(literal) if literal == part => {}
+                Segment::Literal(literal) if literal_matches(literal, part) => {}
                 Segment::Literal(_) => return false,
             }
         }
@@ -91,6 +118,18 @@ impl PathPattern {
             return true;
         }
         parts.next().is_none()
+    }
+}
+
+/// A literal pattern segment against a path segment: ignoring ASCII case, as written or with the
+/// segment's `;parameters` cut off.
+fn literal_matches(literal: &str, part: &str) -> bool {
+    if literal.eq_ignore_ascii_case(part) {
+        return true;
+    }
+    match part.split_once(';') {
+        Some((bare, _)) => literal.eq_ignore_ascii_case(bare),
+        None => false,
     }
 }
 
@@ -134,8 +173,42 @@ mod tests {
         let p = pattern("/orders");
         assert!(p.matches("/orders"));
         assert!(!p.matches("/orders/1"));
-        assert!(!p.matches("/orders/"));
         assert!(!p.matches("/order"));
+        assert!(!p.matches("/orders-x"));
+    }
+
+    #[test]
+    fn literal_segments_match_in_any_letter_case() {
+        let p = pattern("/payments/*");
+        assert!(p.matches("/PAYMENTS/card"));
+        assert!(p.matches("/Payments/card"));
+        assert!(pattern("/Orders").matches("/orders"));
+    }
+
+    #[test]
+    fn a_segment_matches_with_its_parameters_cut_off() {
+        let p = pattern("/payments/*");
+        assert!(p.matches("/payments;jsessionid=1/card"));
+        assert!(p.matches("/payments/card;v=2"));
+        assert!(!p.matches("/paymentsx;a/card"));
+        assert!(pattern("/a;b").matches("/a;b"));
+    }
+
+    #[test]
+    fn one_trailing_slash_is_optional_on_either_side() {
+        assert!(pattern("/orders").matches("/orders/"));
+        assert!(pattern("/orders/").matches("/orders"));
+        assert!(pattern("/orders/").matches("/orders/"));
+        let p = pattern("/payments/*");
+        assert!(p.matches("/payments/card/"));
+        // An empty last segment is still a segment to `*` (read without the trailing `/` it is
+        // `/payments`, which is not this route; read with it, `*` matches the empty segment).
+        assert!(p.matches("/payments/"));
+        assert!(!p.matches("/payments"));
+        assert!(pattern("/").matches("/"));
+        assert!(!pattern("/").matches("/x"));
+        assert!(!pattern("/orders").matches("/"));
+        assert!(pattern("/**").matches("/"));
     }
 
     #[test]

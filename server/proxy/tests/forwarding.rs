@@ -273,3 +273,47 @@ async fn route_rules_choose_which_requests_need_a_key_and_what_releases() {
     let (status, _, _) = send(&p, "POST", "/slow-not-matched", &[]).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_path_spelled_another_way_cannot_evade_a_route_rule() {
+    let (up, calls) = upstream().await;
+    let rules = r#"
+        [[route]]
+        methods = ["POST"]
+        path = "/echo"
+        key = "required"
+    "#;
+    let p = proxy_with_rules(&format!("http://{up}"), rules).await;
+    // Not in normal form: refused, whatever the upstream would have made of it.
+    for path in [
+        "/%65cho",
+        "/x/../echo",
+        "/./echo",
+        "/x/..;/echo",
+        "//echo",
+        "/x%2F..%2Fecho",
+    ] {
+        let (status, headers, body) = send(&p, "POST", path, &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert!(body.contains("path-not-normal"), "{path}: {body}");
+        assert_eq!(
+            headers.get("content-type").map(|v| v.as_bytes()),
+            Some(&b"application/problem+json"[..]),
+            "{path}"
+        );
+    }
+    // Other readings of the same route match the rule: the key is required there too.
+    for path in ["/ECHO", "/echo/", "/echo;jsessionid=1"] {
+        let (status, _, body) = send(&p, "POST", path, &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert!(body.contains("idempotency-key-missing"), "{path}: {body}");
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "nothing reached the upstream"
+    );
+    // A method no rule names does not depend on the path: passed through as it is.
+    let (status, _, _) = send(&p, "GET", "/x/../echo", &[]).await;
+    assert_ne!(status, StatusCode::BAD_REQUEST);
+}

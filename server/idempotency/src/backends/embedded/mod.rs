@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use idemlog::{Deferred, Durability, Options, Pending, SideWrite, Store};
+use idemlog::{Deferred, Durability, Options, Pending, RecoveredClaims, SideWrite, Store};
 use parking_lot::{Mutex, RwLock};
 
 mod calls;
@@ -84,6 +84,11 @@ struct Opened {
 /// request's completion or release, and the log makes frames durable in append order, so that
 /// wait covers them; a crash before it loses them together with a request that never got an
 /// answer (the engine's `DURABILITY.md`).
+///
+/// The exception is a store opened with [`RecoveredClaims::HeldUntilLeaseEnd`]: there the handler's
+/// work leaves the process before the completion (a reverse proxy's upstream), and a claim lost in
+/// a crash would let the first retry after the restart run that work a second time while the first
+/// run may still be going. Such a store waits for the claim itself before the handler runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OwnWrite {
     /// Wait until the call's own write is durable.
@@ -247,8 +252,14 @@ impl IdempotencyStore for EmbeddedBackend {
             ),
             max_live_per_scope: extras.max_live_keys,
         };
+        // See `OwnWrite`: a claim whose holder's work outlives the process is on disk before the
+        // work starts.
+        let own = match self.shared.options.recovered_claims {
+            RecoveredClaims::HeldUntilLeaseEnd => OwnWrite::Wait,
+            RecoveredClaims::Abandoned => OwnWrite::Covered,
+        };
         let outcome = self
-            .call_deferred(OwnWrite::Covered, |o| {
+            .call_deferred(own, |o| {
                 let (scope, key) = (scope.as_bytes(), key.as_bytes());
                 o.store
                     .claim_deferred(scope, key, fingerprint, ttl, &options)
