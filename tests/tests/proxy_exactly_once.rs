@@ -396,3 +396,28 @@ key_ttl = "1s"
     assert_eq!(upstream.runs("cart-1"), 2);
     assert_eq!(upstream.runs("order-1"), 1);
 }
+
+#[test]
+fn a_passed_through_path_reaches_the_upstream_exactly_as_spelled() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-raw-path");
+    // No route rules: nothing to evade, so no spelling is refused or rewritten.
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    let paths = [
+        "/files/a%2Fb/c%20d?q=%2F&x=..",
+        "/a//b/./c/../d",
+        "/%7Euser/caf%C3%A9;v=1",
+    ];
+    for path in paths {
+        let get = proxy.request("GET", path, &[], b"");
+        assert_eq!(get.status, 201, "{path}: {get:?}");
+        let post = proxy.request("POST", path, &[], ORDER.as_bytes());
+        assert_eq!(post.status, 201, "{path}: {post:?}");
+    }
+    let seen: Vec<String> = upstream.requests().into_iter().map(|r| r.path).collect();
+    let expected: Vec<String> = paths
+        .iter()
+        .flat_map(|p| [p.to_string(), p.to_string()])
+        .collect();
+    assert_eq!(seen, expected);
+}
