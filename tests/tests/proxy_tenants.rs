@@ -24,9 +24,12 @@ fn two_tenants_with_the_same_key_each_get_their_own_response() {
     assert!(a_again.replayed() && b_again.replayed());
     assert_eq!(a_again.body, a.body);
     assert_eq!(b_again.body, b.body);
-    // Another body under tenant A's key is a mismatch for A only: B's key is its own.
+    // Another body under the same key is a mismatch only within the tenant that used it: for a
+    // third tenant it is a new key, and for tenant A a 422.
     let c = proxy.post("tenant-c", "order-1", OTHER_ORDER, "");
     assert_eq!(c.status, 201, "{c:?}");
+    let a_other = proxy.post(TENANT_A, "order-1", OTHER_ORDER, "");
+    assert_eq!(a_other.status, 422, "{a_other:?}");
     assert_eq!(upstream.runs("order-1"), 3);
 }
 
