@@ -1,5 +1,8 @@
-//! Completed keys of `idemlog-proxy` outlive the process: they replay byte for byte after a clean
-//! restart and after `kill -9` under concurrent load, and none of them runs twice upstream.
+//! Keys of `idemlog-proxy` outlive the process. Completed keys replay byte for byte after a clean
+//! restart and after `kill -9` under concurrent load, and none of them runs twice upstream. A key
+//! whose request was in flight when the process died (`kill -9`) or was cut off (the shutdown
+//! grace ended) stays in progress until its lease ends, because the upstream does not stop with
+//! the proxy: a retry gets 409 instead of running the upstream a second time.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
