@@ -1,6 +1,6 @@
 //! `idemlog-proxy` speaks HTTP/2 with prior knowledge (h2c) on the same port as HTTP/1.1, with
-//! the same protection: copies on one HTTP/2 connection run the upstream once, and the replay is
-//! byte for byte.
+//! the same protection: copies on one HTTP/2 connection run the upstream once, the replay is byte
+//! for byte, and a stream cancelled mid-request still completes its key.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

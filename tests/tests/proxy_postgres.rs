@@ -1,5 +1,8 @@
 //! Two `idemlog-proxy` processes on one PostgreSQL database (`--database-url`), as behind a load
-//! balancer: copies of one request spread over both still run the upstream once per key.
+//! balancer: copies of one request spread over both still run the upstream once per key; a key
+//! completed on one replays on the other; a proxy killed mid-request is taken over by the other
+//! only after the lease, and one killed under load loses no acknowledged key; a frozen holder
+//! (a zombie) cannot overwrite the answer of the proxy that took its key over.
 //!
 //! Needs `DATABASE_URL` (`scripts/pg-test-cluster run -- cargo test`). Without it the tests print a
 //! skip line, unless CI set PostgreSQL up (`CI` or `IDEMLOG_REQUIRE_POSTGRES=1`): then they fail.

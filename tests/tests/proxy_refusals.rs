@@ -1,7 +1,8 @@
-//! What `idemlog-proxy` refuses before the upstream runs: another body under a used key (422), a
-//! body over the limit (413), a malformed key (400), a missing or untrusted scope (401), a missing
-//! key on a route that requires one (400). Every refusal is problem+json, and the upstream count
-//! proves the upstream never saw the refused request.
+//! What `idemlog-proxy` refuses before the upstream runs: another body, method, path, query or
+//! content type under a used key (422), a body over the limit, counted also when chunked (413), a
+//! malformed key (400), a missing, too long or untrusted scope (401), a missing key on a route that
+//! requires one (400), a path spelled so as to evade a route rule (400), a stalled body (408).
+//! Every refusal claims nothing, and the upstream count proves the upstream never saw it.
 
 use idemlog_e2e::proxy::*;
 use idemlog_e2e::*;

@@ -1,6 +1,8 @@
-//! What `idemlog-proxy` keeps of a response: the stored-header allow-list (never `Set-Cookie`
-//! unless a route lists it), and a response larger than what is stored, which the first client
-//! still gets whole while its replay says the request completed and the body was not kept.
+//! What `idemlog-proxy` keeps of a response and how it sends it: the stored-header allow-list
+//! (never `Set-Cookie` unless a route lists it; `Content-Encoding` always, as it describes the
+//! bytes), a response larger than what is stored (the first client still gets it whole; its replay
+//! says the request completed and the body was not kept), exact framing of firsts and replays on
+//! one keep-alive connection, and a large request body passed on whole.
 
 use idemlog_e2e::proxy::*;
 use idemlog_e2e::*;

@@ -1,5 +1,7 @@
 //! Scopes in `idemlog-proxy`: a tenant never receives another tenant's response, even under the
-//! same key with the same body.
+//! same key with the same body, nor through another split of the same scope and key text. Scopes
+//! from a trusted header and from a verified bearer JWT (HS256 secret or JWKS keys): the scope is
+//! the claim, a token failing any check is 401, and neither tokens nor secrets reach the log.
 
 use idemlog_e2e::proxy::*;
 use idemlog_e2e::*;

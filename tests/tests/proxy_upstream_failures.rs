@@ -1,7 +1,8 @@
 //! How `idemlog-proxy` settles a key when the upstream fails: a 5xx releases it (the retry runs
-//! again), a refused connection is a 502 and releases it, and a hang or a connection lost after
-//! the request was sent is a 504 that keeps the key in progress until its lease ends, because the
-//! effect may have happened: retries get 409 with `Retry-After` and the upstream does not run again.
+//! again), a refused connection is a 502 and releases it, and a hang, a connection lost after the
+//! request was sent or an answer cut off or stalled mid-body is a 504 that keeps the key in
+//! progress until its lease ends, because the effect may have happened: retries get 409 with
+//! `Retry-After` and the upstream does not run again. A run longer than the lease is renewed.
 
 use std::time::{Duration, Instant};
 
