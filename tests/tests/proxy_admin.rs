@@ -229,3 +229,23 @@ fn start_up_is_refused_with_a_clear_message_for_a_bad_configuration() {
     );
     assert!(log.contains("scope"), "{log}");
 }
+
+#[test]
+fn an_idle_keep_alive_connection_does_not_hold_up_shutdown_and_sigint_exits_0() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-idle-shutdown");
+    let mut proxy = Proxy::start(&upstream, dir.path(), &["--shutdown-grace", "20s"]);
+    let mut idle = KeepAlive::open(proxy.addr);
+    let reply = idle.request("GET", "/warm", &[], b"");
+    assert_eq!(reply.status, 201, "{reply:?}");
+    // The connection stays open and idle; SIGINT must not wait the 20 s grace for it.
+    let start = std::time::Instant::now();
+    proxy.signal("INT");
+    let status = proxy.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "exit 0 after SIGINT: {status:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "an idle connection held the shutdown for {:?}",
+        start.elapsed()
+    );
+}
