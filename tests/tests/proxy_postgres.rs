@@ -330,3 +330,40 @@ fn kill_9_of_one_proxy_under_load_loses_no_acknowledged_key_and_runs_none_twice(
         assert!(runs <= 1, "{key} ran {runs} times");
     }
 }
+
+#[test]
+fn a_run_longer_than_the_lease_is_renewed_and_the_other_proxy_does_not_take_it_over() {
+    let Some(url) = database_url() else { return };
+    let upstream = Upstream::start();
+    let schema = schema("renewal");
+    let args = [
+        "--database-schema",
+        schema.as_str(),
+        "--lease",
+        "2s",
+        "--upstream-timeout",
+        "20s",
+    ];
+    let a = Arc::new(Proxy::start_on_database(&upstream, &url, &args));
+    let b = Proxy::start_on_database(&upstream, &url, &args);
+    let key = unique_key("renewal");
+    let slow = {
+        let a = Arc::clone(&a);
+        let key = key.clone();
+        std::thread::spawn(move || a.post(TENANT_A, &key, ORDER, "slow=5000"))
+    };
+    wait_until(std::time::Duration::from_secs(10), "the slow run", || {
+        upstream.runs(&key) == 1
+    });
+    for _ in 0..7 {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let copy = b.post(TENANT_A, &key, ORDER, "");
+        assert_eq!(copy.status, 409, "A renews its lease: {copy:?}");
+    }
+    let first = slow.join().expect("thread");
+    assert_eq!(first.status, 201, "{first:?}");
+    let replay = b.post(TENANT_A, &key, ORDER, "");
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.body, first.body);
+    assert_eq!(upstream.runs(&key), 1);
+}
