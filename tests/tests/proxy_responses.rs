@@ -227,3 +227,47 @@ stored_headers = ["content-type"]
     assert_eq!(replay.header("content-encoding"), Some("gzip"));
     assert_eq!(replay.header("location"), None, "the narrow list holds");
 }
+
+#[test]
+fn concurrent_copies_of_an_oversize_answer_run_the_upstream_once() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-big-concurrent");
+    let proxy = std::sync::Arc::new(Proxy::start(
+        &upstream,
+        dir.path(),
+        &["--max-stored-response-bytes", "4096"],
+    ));
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(10));
+    let threads: Vec<_> = (0..10)
+        .map(|_| {
+            let proxy = std::sync::Arc::clone(&proxy);
+            let barrier = std::sync::Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                proxy.post(TENANT_A, "order-1", ORDER, "slow=300,big=200000")
+            })
+        })
+        .collect();
+    let replies: Vec<Reply> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    assert_eq!(upstream.runs("order-1"), 1);
+    let whole: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| !r.replayed() && r.status == 201)
+        .collect();
+    assert_eq!(whole.len(), 1, "one client gets the answer");
+    assert_eq!(whole[0].body.len(), 200_000);
+    for reply in &replies {
+        assert!(
+            reply.status == 409 || reply.status == 201,
+            "{} {}",
+            reply.status,
+            reply.text()
+        );
+        if reply.replayed() {
+            assert_eq!(reply.json()["status"], 201, "{}", reply.text());
+        }
+    }
+}
