@@ -1,7 +1,7 @@
-//! How `idemlog-proxy` settles a key when the upstream fails: a 5xx releases it (the retry runs
-//! again), a refused connection is a 502 and releases it, and a hang, a connection lost after the
-//! request was sent or an answer cut off or stalled mid-body is a 504 that keeps the key in
-//! progress until its lease ends, because the effect may have happened: retries get 409 with
+//! How `idemlog-proxy` settles a key when the upstream fails: a 5xx, 408 or 429 releases it (the
+//! retry runs again), a refused connection is a 502 and releases it, and a hang, a connection lost
+//! after the request was sent or an answer cut off or stalled mid-body is a 504 that keeps the key
+//! in progress until its lease ends, because the effect may have happened: retries get 409 with
 //! `Retry-After` and the upstream does not run again. A run longer than the lease is renewed.
 
 use std::time::{Duration, Instant};
@@ -53,6 +53,30 @@ fn an_upstream_500_releases_the_key_and_the_retry_runs_again() {
         "the 201 is what is kept, not the 500"
     );
     assert_eq!(upstream.runs("order-1"), 2);
+}
+
+#[test]
+fn an_upstream_429_or_408_releases_the_key_by_default_and_other_4xx_are_kept() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-429");
+    let proxy = Proxy::start(&upstream, dir.path(), &[]);
+    // 429 and 408 say the upstream did not act on the request: a retry must run it.
+    for (key, status) in [("limited", 429), ("slow-read", 408)] {
+        let behaviour = format!("status={status}");
+        let first = proxy.post(TENANT_A, key, ORDER, &behaviour);
+        assert_eq!(first.status, status, "{first:?}");
+        let retry = proxy.post(TENANT_A, key, ORDER, "");
+        assert_eq!(retry.status, 201, "{status} released the key: {retry:?}");
+        assert!(!retry.replayed(), "{retry:?}");
+        assert_eq!(upstream.runs(key), 2);
+    }
+    // Any other 4xx is the upstream's answer to this request, kept for every retry.
+    let first = proxy.post(TENANT_A, "refused", ORDER, "status=422");
+    assert_eq!(first.status, 422, "{first:?}");
+    let again = proxy.post(TENANT_A, "refused", ORDER, "");
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.status, 422);
+    assert_eq!(upstream.runs("refused"), 1);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! max_body_bytes = 1048576
 //! max_stored_response_bytes = 1048576
 //! stored_headers = ["content-type", "location", "etag"]
-//! release_statuses = ["5xx"]      # classes ("4xx", "5xx") or codes (503)
+//! release_statuses = ["5xx", 408, 429]  # the default; classes ("4xx", "5xx") or codes (503)
 //! ```
 //!
 //! Every field but `path` is optional and falls back to the command line's value. Unknown fields
@@ -181,10 +181,20 @@ impl RouteSettings {
                 .iter()
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
-            release_statuses: vec![StatusSpec::Class(5)],
+            release_statuses: DEFAULT_RELEASE_STATUSES.to_vec(),
         }
     }
 }
+
+/// What releases a key unless a rule says otherwise: every 5xx, and the two 4xx answers that say
+/// the upstream did not act on the request, so that a retry must be able to run it: 408 (the
+/// upstream gave up reading the request) and 429 (RFC 6585: rate limited, not processed). Stored,
+/// either would be replayed to every retry for the key's whole TTL.
+pub const DEFAULT_RELEASE_STATUSES: [StatusSpec; 3] = [
+    StatusSpec::Class(5),
+    StatusSpec::Code(408),
+    StatusSpec::Code(429),
+];
 
 /// Reads the rules of `path`, each filled in from `defaults`.
 pub fn load_rules(path: &Path, defaults: &RouteSettings) -> Result<Vec<RouteRule>, ConfigError> {
@@ -301,7 +311,7 @@ mod tests {
                 .iter()
                 .map(|h| HeaderName::from_static(h))
                 .collect(),
-            release_statuses: vec![StatusSpec::Class(5)],
+            release_statuses: DEFAULT_RELEASE_STATUSES.to_vec(),
         }
     }
 
