@@ -12,17 +12,20 @@
 #   ipx-redis-always  the same on Redis with appendonly yes, appendfsync always
 #   ipx-redis-default the same on Redis with redis-server's defaults (no AOF; RDB snapshots)
 #   idemlog-sync    idemlog-proxy, embedded store, --durability sync, fresh --data-dir, --static-scope bench
+#   idemlog-none    the same with --durability none (not in the default list: a diagnostic)
 #
 # Per window: req/s, p50/p99 (wrk), non-2xx (wrk's status errors, > 399) and socket errors, and CPU
 # from /proc over the wrk window: the proxy's own (utime+stime of its processes; nginx: master and
 # workers), the store's (redis-server), the upstream's, wrk's (/usr/bin/time), the whole machine's
 # busy time (/proc/stat, everything but idle and iowait), foreign = busy - all of those (other
-# processes on the machine), and steal.
+# processes on the machine), and steal. top.txt names the processes that used the most CPU in each
+# window (procsnap.py), so foreign CPU can be told apart: compilers, or kernel threads flushing.
 #
 # Env: IDEMLOG_PROXY (path to the idemlog-proxy binary; its candidate is skipped when unset),
 # IPX (default /tmp/ipx/bin/idempotent-proxy-server), REDIS (default /usr/bin/redis-server),
 # NGINX (default /usr/sbin/nginx), D (default 10s), W (warm-up, default 2s), ROUNDS (default 3),
-# OUT (results folder, default a new folder in TMPDIR). Every process started here is stopped by
+# OUT (results folder, default a new folder in TMPDIR). Run it under `nice -n -10` to give the
+# measured processes priority over other work on the machine (env.txt records the niceness). Every process started here is stopped by
 # its PID. Scratch only under $OUT/tmp (removed at the end).
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
@@ -83,10 +86,14 @@ bench() {
   local round=$1 name=$2 url=$3 path=$4 f b0 b1 p0 p1 s0 s1 u0 u1
   f="$OUT/r$round-$name"
   KEY_PREFIX="w$round$name" PROXY_PATH="$path" wrk -t2 -c64 -d"$W" -s "$HERE/newkeys.lua" "$url" >"$f.warmup.txt" 2>&1
+  python3 "$HERE/procsnap.py" snap "$TMPROOT/snap0"
   b0=$(busy); p0=$(pjif "${PROXY_PIDS[@]}"); s0=$(pjif "${STORE_PIDS[@]}"); u0=$(pjif "${UPSTREAM_PIDS[@]}")
   KEY_PREFIX="m$round$name" PROXY_PATH="$path" /usr/bin/time -f '%U %S' -o "$f.time" \
     wrk -t2 -c64 -d"$D" -s "$HERE/newkeys.lua" "$url" >"$f.txt" 2>&1
   b1=$(busy); p1=$(pjif "${PROXY_PIDS[@]}"); s1=$(pjif "${STORE_PIDS[@]}"); u1=$(pjif "${UPSTREAM_PIDS[@]}")
+  python3 "$HERE/procsnap.py" snap "$TMPROOT/snap1"
+  python3 "$HERE/procsnap.py" diff "$TMPROOT/snap0" "$TMPROOT/snap1" >"$f.top"
+  echo "r$round $name: $(cat "$f.top")" >>"$OUT/top.txt"
   awk -v r="$round" -v n="$name" -v b0="$b0" -v b1="$b1" -v p0="$p0" -v p1="$p1" -v s0="$s0" -v s1="$s1" \
       -v u0="$u0" -v u1="$u1" -v wt="$(tail -1 "$f.time")" '
     /Requests\/sec/{rps=$2} / requests in /{req=$1}
@@ -157,18 +164,18 @@ run_ipx() { # round name redis(no|always|default)
   rm -rf "$dir"
 }
 
-run_idemlog() { # round
-  local dir pid
+run_idemlog() { # round durability(sync|none)
+  local dir pid name=idemlog-$2
   [ -n "$IDEMLOG_PROXY" ] || return 0
   dir="$TMPROOT/idemlog-r$1"; mkdir -p "$dir"
   "$IDEMLOG_PROXY" --upstream "http://127.0.0.1:$UP_PORT" --listen "127.0.0.1:$IDEMLOG_PORT" \
-    --admin-listen "127.0.0.1:$IDEMLOG_ADMIN" --data-dir "$dir/data" --durability sync \
-    --static-scope bench >"$OUT/r$1-idemlog-sync.log" 2>&1 &
+    --admin-listen "127.0.0.1:$IDEMLOG_ADMIN" --data-dir "$dir/data" --durability "$2" \
+    --static-scope bench >"$OUT/r$1-$name.log" 2>&1 &
   pid=$!; PIDS+=("$pid"); PROXY_PIDS=("$pid"); STORE_PIDS=()
-  if probe "r$1-idemlog-sync" "http://127.0.0.1:$IDEMLOG_PORT/payments"; then
-    bench "$1" idemlog-sync "http://127.0.0.1:$IDEMLOG_PORT" /payments
-    curl -s "http://127.0.0.1:$IDEMLOG_ADMIN/metrics" >"$OUT/r$1-idemlog-sync.metrics" 2>&1
-    du -sh "$dir/data" >>"$OUT/r$1-idemlog-sync.log" 2>&1
+  if probe "r$1-$name" "http://127.0.0.1:$IDEMLOG_PORT/payments"; then
+    bench "$1" "$name" "http://127.0.0.1:$IDEMLOG_PORT" /payments
+    curl -s "http://127.0.0.1:$IDEMLOG_ADMIN/metrics" >"$OUT/r$1-$name.metrics" 2>&1
+    du -sh "$dir/data" >>"$OUT/r$1-$name.log" 2>&1
   fi
   stop "$pid"
   rm -rf "$dir"
@@ -180,7 +187,8 @@ step() { # round candidate
     ipx-mem) run_ipx "$1" ipx-mem no ;;
     ipx-redis-always) run_ipx "$1" ipx-redis-always always ;;
     ipx-redis-default) run_ipx "$1" ipx-redis-default default ;;
-    idemlog-sync) run_idemlog "$1" ;;
+    idemlog-sync) run_idemlog "$1" sync ;;
+    idemlog-none) run_idemlog "$1" none ;;
     *) echo "unknown candidate $2" >&2 ;;
   esac
 }
@@ -192,6 +200,7 @@ read -ra SEQ <<<"$CANDIDATES"
   echo "wrk: $(wrk -v 2>&1 | head -1)"; echo "nginx: $("$NGINX" -v 2>&1)"; echo "redis: $("$REDIS" --version)"
   echo "idempotent-proxy-server: $IPX $(sha256sum "$IPX" 2>/dev/null | cut -c1-16)"
   [ -n "$IDEMLOG_PROXY" ] && echo "idemlog-proxy: $IDEMLOG_PROXY $(ls -l --time-style=+%FT%T "$IDEMLOG_PROXY" | awk '{print $6}') $(sha256sum "$IDEMLOG_PROXY" | cut -c1-16)"
+  echo "niceness of the harness and everything it starts: $(nice)"
   echo "loadavg at start: $(cat /proc/loadavg)"
 } >"$OUT/env.txt"
 cp "$HERE"/nginx-*.conf "$HERE/newkeys.lua" "$OUT/" 2>/dev/null
