@@ -6,6 +6,8 @@
 -- the harness checks one response of every candidate with curl before its window), and p50/p99 in µs.
 local path = os.getenv("PROXY_PATH") or "/payments"
 local prefix = os.getenv("KEY_PREFIX") or "k"
+-- NO_KEY=1: no Idempotency-Key at all (a pass-through request for a proxy; diagnostic only)
+local no_key = os.getenv("NO_KEY") == "1"
 local body = '{"amount": 100.00, "currency": "BRL"}'
 local threads = 0
 function setup(thread)
@@ -15,6 +17,9 @@ end
 local counter = 0
 function request()
   counter = counter + 1
+  if no_key then
+    return wrk.format("POST", path, { ["Content-Type"] = "application/json" }, body)
+  end
   return wrk.format("POST", path, {
     ["Content-Type"] = "application/json",
     ["Idempotency-Key"] = string.format("%s-%d-%d", prefix, thread_id, counter),

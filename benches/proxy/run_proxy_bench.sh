@@ -13,6 +13,7 @@
 #   ipx-redis-default the same on Redis with redis-server's defaults (no AOF; RDB snapshots)
 #   idemlog-sync    idemlog-proxy, embedded store, --durability sync, fresh --data-dir, --static-scope bench
 #   idemlog-none    the same with --durability none (not in the default list: a diagnostic)
+#   idemlog-passthrough, nginx-passthrough: requests without Idempotency-Key (pass-through; diagnostic)
 #
 # Per window: req/s, p50/p99 (wrk), non-2xx (wrk's status errors, > 399) and socket errors, and CPU
 # from /proc over the wrk window: the proxy's own (utime+stime of its processes; nginx: master and
@@ -76,6 +77,8 @@ probe() {
 }
 
 busy() { local _c u n s i w irq sirq st _r; read -r _c u n s i w irq sirq st _r </proc/stat; echo "$((u+n+s+irq+sirq+st)) $st"; }
+# Context switches (voluntary + involuntary) of all threads of the given PIDs.
+csw() { local p; for p in "$@"; do cat /proc/"$p"/task/*/status 2>/dev/null; done | awk '/ctxt_switches/{t+=$2} END{print t+0}'; }
 pjif() { local t=0 p; for p in "$@"; do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14+$15}' "/proc/$p/stat"))); done; echo "$t"; }
 
 UPSTREAM_PIDS=()
@@ -84,13 +87,19 @@ STORE_PIDS=()
 # bench round name path: warm-up, then the measured window; one row in results.tsv.
 bench() {
   local round=$1 name=$2 url=$3 path=$4 f b0 b1 p0 p1 s0 s1 u0 u1
+  case $name in *-passthrough) export NO_KEY=1 ;; *) export NO_KEY=0 ;; esac
   f="$OUT/r$round-$name"
   KEY_PREFIX="w$round$name" PROXY_PATH="$path" wrk -t2 -c64 -d"$W" -s "$HERE/newkeys.lua" "$url" >"$f.warmup.txt" 2>&1
   python3 "$HERE/procsnap.py" snap "$TMPROOT/snap0"
+  head -1 /proc/stat >"$f.procstat"
+  local c0 c1; c0=$(csw "${PROXY_PIDS[@]}")
   b0=$(busy); p0=$(pjif "${PROXY_PIDS[@]}"); s0=$(pjif "${STORE_PIDS[@]}"); u0=$(pjif "${UPSTREAM_PIDS[@]}")
   KEY_PREFIX="m$round$name" PROXY_PATH="$path" /usr/bin/time -f '%U %S' -o "$f.time" \
     wrk -t2 -c64 -d"$D" -s "$HERE/newkeys.lua" "$url" >"$f.txt" 2>&1
   b1=$(busy); p1=$(pjif "${PROXY_PIDS[@]}"); s1=$(pjif "${STORE_PIDS[@]}"); u1=$(pjif "${UPSTREAM_PIDS[@]}")
+  head -1 /proc/stat >>"$f.procstat"
+  c1=$(csw "${PROXY_PIDS[@]}")
+  echo "proxy context switches in the window: $((c1 - c0))" >>"$f.procstat"
   python3 "$HERE/procsnap.py" snap "$TMPROOT/snap1"
   python3 "$HERE/procsnap.py" diff "$TMPROOT/snap0" "$TMPROOT/snap1" >"$f.top"
   echo "r$round $name: $(cat "$f.top")" >>"$OUT/top.txt"
@@ -114,13 +123,13 @@ start_upstream() {
   read -ra UPSTREAM_PIDS <<<"$(nginx_pids "$UPSTREAM_MASTER")"
 }
 
-run_nginx() { # round
-  local conf pid; conf=$(nginx_conf nginx-proxy.conf "$TMPROOT/nginx-r$1" "$NGINX_PORT")
+run_nginx() { # round [passthrough]
+  local conf pid name=nginx${2:+-$2}; conf=$(nginx_conf nginx-proxy.conf "$TMPROOT/nginx-r$1" "$NGINX_PORT")
   "$NGINX" -p "$TMPROOT/nginx-r$1" -c "$conf" -e "$TMPROOT/nginx-r$1/error.log" >"$OUT/r$1-nginx.log" 2>&1 &
   pid=$!; PIDS+=("$pid")
-  if probe "r$1-nginx" "http://127.0.0.1:$NGINX_PORT/payments"; then
+  if probe "r$1-$name" "http://127.0.0.1:$NGINX_PORT/payments"; then
     read -ra PROXY_PIDS <<<"$(nginx_pids "$pid")"; STORE_PIDS=()
-    bench "$1" nginx "http://127.0.0.1:$NGINX_PORT" /payments
+    bench "$1" "$name" "http://127.0.0.1:$NGINX_PORT" /payments
   fi
   cat "$TMPROOT/nginx-r$1/error.log" >>"$OUT/r$1-nginx.log" 2>/dev/null
   stop "$pid"
@@ -164,8 +173,8 @@ run_ipx() { # round name redis(no|always|default)
   rm -rf "$dir"
 }
 
-run_idemlog() { # round durability(sync|none)
-  local dir pid name=idemlog-$2
+run_idemlog() { # round durability(sync|none) [passthrough]
+  local dir pid name=idemlog-$2${3:+-$3}
   [ -n "$IDEMLOG_PROXY" ] || return 0
   dir="$TMPROOT/idemlog-r$1"; mkdir -p "$dir"
   "$IDEMLOG_PROXY" --upstream "http://127.0.0.1:$UP_PORT" --listen "127.0.0.1:$IDEMLOG_PORT" \
@@ -189,6 +198,8 @@ step() { # round candidate
     ipx-redis-default) run_ipx "$1" ipx-redis-default default ;;
     idemlog-sync) run_idemlog "$1" sync ;;
     idemlog-none) run_idemlog "$1" none ;;
+    idemlog-passthrough) run_idemlog "$1" none passthrough ;;
+    nginx-passthrough) run_nginx "$1" passthrough ;;
     *) echo "unknown candidate $2" >&2 ;;
   esac
 }
