@@ -25,9 +25,12 @@
 # Env: IDEMLOG_PROXY (path to the idemlog-proxy binary; its candidate is skipped when unset),
 # IPX (default /tmp/ipx/bin/idempotent-proxy-server), REDIS (default /usr/bin/redis-server),
 # NGINX (default /usr/sbin/nginx), D (default 10s), W (warm-up, default 2s), ROUNDS (default 3),
-# OUT (results folder, default a new folder in TMPDIR). Run it under `nice -n -10` to give the
-# measured processes priority over other work on the machine (env.txt records the niceness). Every process started here is stopped by
-# its PID. Scratch only under $OUT/tmp (removed at the end).
+# OUT (results folder, default a new folder in TMPDIR).
+# Priority: the kernel schedules by session (autogroup), so `nice` alone does nothing against other
+# sessions' compilers; to give the measured processes priority, run it in a session of its own
+# whose autogroup is reniced (env.txt records both):
+#   setsid bash -c 'echo -10 >/proc/self/autogroup; exec benches/proxy/run_proxy_bench.sh' </dev/null
+# Every process started here is stopped by its PID. Scratch only under $OUT/tmp (removed at the end).
 set -u
 HERE=$(dirname "$(readlink -f "$0")")
 IPX=${IPX:-/tmp/ipx/bin/idempotent-proxy-server}
@@ -211,7 +214,7 @@ read -ra SEQ <<<"$CANDIDATES"
   echo "wrk: $(wrk -v 2>&1 | head -1)"; echo "nginx: $("$NGINX" -v 2>&1)"; echo "redis: $("$REDIS" --version)"
   echo "idempotent-proxy-server: $IPX $(sha256sum "$IPX" 2>/dev/null | cut -c1-16)"
   [ -n "$IDEMLOG_PROXY" ] && echo "idemlog-proxy: $IDEMLOG_PROXY $(ls -l --time-style=+%FT%T "$IDEMLOG_PROXY" | awk '{print $6}') $(sha256sum "$IDEMLOG_PROXY" | cut -c1-16)"
-  echo "niceness of the harness and everything it starts: $(nice)"
+  echo "niceness of the harness and everything it starts: $(nice); autogroup: $(cat /proc/self/autogroup 2>/dev/null)"
   echo "loadavg at start: $(cat /proc/loadavg)"
 } >"$OUT/env.txt"
 cp "$HERE"/nginx-*.conf "$HERE/newkeys.lua" "$OUT/" 2>/dev/null
