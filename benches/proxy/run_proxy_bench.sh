@@ -13,6 +13,7 @@
 #   ipx-redis-default the same on Redis with redis-server's defaults (no AOF; RDB snapshots)
 #   idemlog-sync    idemlog-proxy, embedded store, --durability sync, fresh --data-dir, --static-scope bench
 #   idemlog-none    the same with --durability none (not in the default list: a diagnostic)
+#   idemlog-sync-b  idemlog-sync with the binary IDEMLOG_PROXY_B (another build, for an A/B)
 #   idemlog-passthrough, nginx-passthrough: requests without Idempotency-Key (pass-through; diagnostic)
 #
 # Per window: req/s, p50/p99 (wrk), non-2xx (wrk's status errors, > 399) and socket errors, and CPU
@@ -37,6 +38,7 @@ IPX=${IPX:-/tmp/ipx/bin/idempotent-proxy-server}
 REDIS=${REDIS:-/usr/bin/redis-server}
 NGINX=${NGINX:-/usr/sbin/nginx}
 IDEMLOG_PROXY=${IDEMLOG_PROXY:-}
+IDEMLOG_PROXY_B=${IDEMLOG_PROXY_B:-}
 D=${D:-10s}
 W=${W:-2s}
 ROUNDS=${ROUNDS:-3}
@@ -176,11 +178,12 @@ run_ipx() { # round name redis(no|always|default)
   rm -rf "$dir"
 }
 
-run_idemlog() { # round durability(sync|none) [passthrough]
-  local dir pid name=idemlog-$2${3:+-$3}
-  [ -n "$IDEMLOG_PROXY" ] || return 0
+run_idemlog() { # round durability(sync|none) [passthrough|b]
+  local dir pid name=idemlog-$2${3:+-$3} bin=$IDEMLOG_PROXY
+  [ "${3:-}" = b ] && bin=$IDEMLOG_PROXY_B
+  [ -n "$bin" ] || return 0
   dir="$TMPROOT/idemlog-r$1"; mkdir -p "$dir"
-  "$IDEMLOG_PROXY" --upstream "http://127.0.0.1:$UP_PORT" --listen "127.0.0.1:$IDEMLOG_PORT" \
+  "$bin" --upstream "http://127.0.0.1:$UP_PORT" --listen "127.0.0.1:$IDEMLOG_PORT" \
     --admin-listen "127.0.0.1:$IDEMLOG_ADMIN" --data-dir "$dir/data" --durability "$2" \
     --static-scope bench >"$OUT/r$1-$name.log" 2>&1 &
   pid=$!; PIDS+=("$pid"); PROXY_PIDS=("$pid"); STORE_PIDS=()
@@ -201,6 +204,7 @@ step() { # round candidate
     ipx-redis-default) run_ipx "$1" ipx-redis-default default ;;
     idemlog-sync) run_idemlog "$1" sync ;;
     idemlog-none) run_idemlog "$1" none ;;
+    idemlog-sync-b) run_idemlog "$1" sync b ;;
     idemlog-passthrough) run_idemlog "$1" none passthrough ;;
     nginx-passthrough) run_nginx "$1" passthrough ;;
     *) echo "unknown candidate $2" >&2 ;;
@@ -214,6 +218,7 @@ read -ra SEQ <<<"$CANDIDATES"
   echo "wrk: $(wrk -v 2>&1 | head -1)"; echo "nginx: $("$NGINX" -v 2>&1)"; echo "redis: $("$REDIS" --version)"
   echo "idempotent-proxy-server: $IPX $(sha256sum "$IPX" 2>/dev/null | cut -c1-16)"
   [ -n "$IDEMLOG_PROXY" ] && echo "idemlog-proxy: $IDEMLOG_PROXY $(ls -l --time-style=+%FT%T "$IDEMLOG_PROXY" | awk '{print $6}') $(sha256sum "$IDEMLOG_PROXY" | cut -c1-16)"
+  [ -n "$IDEMLOG_PROXY_B" ] && echo "idemlog-proxy B: $IDEMLOG_PROXY_B $(sha256sum "$IDEMLOG_PROXY_B" | cut -c1-16)"
   echo "niceness of the harness and everything it starts: $(nice); autogroup: $(cat /proc/self/autogroup 2>/dev/null)"
   echo "loadavg at start: $(cat /proc/loadavg)"
 } >"$OUT/env.txt"
