@@ -222,6 +222,9 @@ read -ra SEQ <<<"$CANDIDATES"
   echo "niceness of the harness and everything it starts: $(nice); autogroup: $(cat /proc/self/autogroup 2>/dev/null)"
   echo "loadavg at start: $(cat /proc/loadavg)"
 } >"$OUT/env.txt"
+# The disk's state: fdatasync latency in the data directories' file system, before and after.
+mkdir -p "$TMPROOT/fsync"
+{ echo "fsync probe at start (benches/tools/fsync_probe.py in $TMPROOT):"; python3 "$HERE/../tools/fsync_probe.py" "$TMPROOT/fsync"; } >>"$OUT/env.txt" 2>&1
 cp "$HERE"/nginx-*.conf "$HERE/newkeys.lua" "$OUT/" 2>/dev/null
 start_upstream
 echo "upstream pids: ${UPSTREAM_PIDS[*]}" >>"$OUT/env.txt"
@@ -231,5 +234,6 @@ for r in $(seq "$ROUNDS"); do
   for c in "${order[@]}"; do step "$r" "$c"; sleep 1; done
 done
 echo "loadavg at end: $(cat /proc/loadavg)" >>"$OUT/env.txt"
+{ echo "fsync probe at end:"; python3 "$HERE/../tools/fsync_probe.py" "$TMPROOT/fsync"; } >>"$OUT/env.txt" 2>&1
 python3 "$HERE/summarize.py" "$TSV" | tee "$OUT/summary.txt"
 echo "results: $OUT"
