@@ -35,12 +35,10 @@ use axum::http::header::{self, HeaderName, HeaderValue};
 use axum::http::uri::{Authority, Scheme};
 use axum::http::{HeaderMap, Request, Response, StatusCode, Uri, Version};
 use axum::response::IntoResponse;
-use bytes::Bytes;
-use futures_util::StreamExt;
-use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idemlog_idempotency::layer::{Collected, collect_bounded};
 use idemlog_idempotency::{ClaimDirective, ClaimInfo, Problem};
 use tracing::{debug, warn};
 
@@ -285,54 +283,25 @@ impl Forward {
     }
 }
 
-/// Reads a protected response's body up to `limit` bytes. A complete body comes back whole; a
-/// larger one as what was read followed by the rest of the stream.
+/// Reads a protected response's body up to `limit` bytes, with the layer's own bounded read: a
+/// complete body comes back whole; a larger one as what was read followed by the rest of the
+/// stream; a body that fails midway is a connection lost after the request was sent.
 async fn read_bounded(
     response: Response<hyper::body::Incoming>,
     limit: usize,
 ) -> Result<Response<Body>, Failure> {
-    let (parts, mut body) = response.into_parts();
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut total = 0usize;
-    loop {
-        match body.frame().await {
-            None => break,
-            Some(Ok(frame)) => {
-                // Trailers are not stored or forwarded.
-                if let Ok(data) = frame.into_data() {
-                    total += data.len();
-                    chunks.push(data);
-                    if total > limit {
-                        debug!(
-                            read = total,
-                            limit, "upstream response larger than stored: streaming the rest"
-                        );
-                        let head = futures_util::stream::iter(
-                            chunks.into_iter().map(Ok::<_, hyper::Error>),
-                        );
-                        let rest = body.into_data_stream();
-                        return Ok(Response::from_parts(
-                            parts,
-                            Body::from_stream(head.chain(rest)),
-                        ));
-                    }
-                }
-            }
-            Some(Err(e)) => return Err(Failure::Lost(error_chain(&e))),
+    let (parts, body) = response.into_parts();
+    match collect_bounded(Body::new(body), limit).await {
+        Ok(Collected::Whole(body)) => Ok(Response::from_parts(parts, Body::from(body))),
+        Ok(Collected::TooLarge(body)) => {
+            debug!(
+                limit,
+                "upstream response larger than stored: streaming the rest"
+            );
+            Ok(Response::from_parts(parts, body))
         }
+        Err(e) => Err(Failure::Lost(error_chain(&e))),
     }
-    let body = match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop().unwrap_or_default(),
-        _ => {
-            let mut joined = Vec::with_capacity(total);
-            for chunk in &chunks {
-                joined.extend_from_slice(chunk);
-            }
-            Bytes::from(joined)
-        }
-    };
-    Ok(Response::from_parts(parts, Body::from(body)))
 }
 
 /// An error and its sources, for the log.

@@ -41,5 +41,6 @@ mod service;
 pub use self::config::IdempotencyConfig;
 pub use self::in_flight::InFlight;
 pub use self::release_statuses::ReleaseStatuses;
+pub use self::response_body::{Collected, collect_bounded};
 pub use self::responses::retry_after_hint;
 pub use self::service::{IdempotencyLayer, Idempotent, KEY_FIELD, SCOPE_FIELD};

@@ -4,6 +4,10 @@
 //! dropped: the frames read so far are kept ([`Collected::TooLarge`]) and handed back in front of
 //! the rest of the body, so the client that ran the request still receives every byte, while
 //! memory stays bounded by the limit plus one frame.
+//!
+//! Public for services in front of the layer that read a body themselves under a deadline of their
+//! own (a reverse proxy reading its upstream's answer within its timeout): they get the layer's
+//! reading, and the layer, reading an already whole body again, only takes one frame.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -14,18 +18,15 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 /// A response body, read up to the limit.
-pub(crate) enum Collected {
+pub enum Collected {
     /// The whole body, within the limit.
     Whole(Bytes),
     /// More than the limit: the whole body, as what was read followed by the rest, unread.
     TooLarge(Body),
 }
 
-/// Reads `body` up to `limit` bytes.
-pub(crate) async fn collect_bounded(
-    mut body: Body,
-    limit: usize,
-) -> Result<Collected, axum::Error> {
+/// Reads `body` up to `limit` bytes; an error is the body's own (a connection lost mid-body).
+pub async fn collect_bounded(mut body: Body, limit: usize) -> Result<Collected, axum::Error> {
     let mut read: VecDeque<Bytes> = VecDeque::new();
     let mut total = 0usize;
     while let Some(frame) = body.frame().await {
