@@ -16,7 +16,12 @@
 //!   extension: `Release` (it certainly had no effect) or `EffectUnknown` (the key stays in
 //!   progress until its lease runs out, as a reverse proxy needs after an upstream timeout);
 //! - a response larger than `max_response_bytes` is still sent whole; the key is completed without
-//!   its body, and a replay says so ([`replay::body_not_kept`]).
+//!   its body, and a replay says so ([`replay::body_not_kept`]);
+//! - a response the store cannot record after the handler ran (the store is down, or refuses the
+//!   value) is a 503 asking for a retry by default; an inner service whose effects nothing
+//!   downstream deduplicates (a reverse proxy's upstream) sets [`UnrecordedResponse::SendAndHold`]
+//!   instead: its client gets its own response and the key stays in progress until its lease runs
+//!   out.
 //!
 //! Handlers hand business records to the layer as a [`SideRecords`] response extension: the layer
 //! takes them off the response and writes them in the same atomic store call as the completion, so
@@ -98,7 +103,7 @@ pub use fingerprint::FingerprintMode;
 pub use key::{IdempotencyKey, KeyError};
 pub use layer::{
     IdempotencyConfig, IdempotencyLayer, Idempotent, InFlight, KEY_FIELD, ReleaseStatuses,
-    SCOPE_FIELD,
+    SCOPE_FIELD, UnrecordedResponse,
 };
 pub use outcome::{Outcome, OutcomeCounts};
 pub use problem::Problem;

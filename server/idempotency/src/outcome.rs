@@ -22,8 +22,9 @@ pub enum Outcome {
     RejectedKey,
     /// `rejected_body`: a JSON body that repeats a member name → 400, before anything is claimed.
     RejectedBody,
-    /// `released`: the handler answered 5xx or panicked (or its response could not be stored), and
-    /// the key was released for a retry.
+    /// `released`: the handler answered 5xx or panicked (or, under the default
+    /// [`UnrecordedResponse::Retry`](crate::UnrecordedResponse::Retry), its response could not be
+    /// stored or read), and the key was released for a retry.
     Released,
     /// `fenced`: while this request's handler ran, its claim was taken over; its completion was
     /// refused by the fencing token and its client got the winner's response or a 409.
@@ -45,11 +46,17 @@ pub enum Outcome {
     EffectUnknown,
     /// `no_key`: no `Idempotency-Key` on a layer whose key is optional; passed through untouched.
     NoKey,
+    /// `unrecorded`: the handler ran but its response could not be recorded (the store failed or
+    /// refused it, or its body failed while read), and under
+    /// [`UnrecordedResponse::SendAndHold`](crate::UnrecordedResponse::SendAndHold) its client got
+    /// the handler's own response (a 500 if the body could not be read); the key was neither
+    /// completed nor released and stays in progress until its lease runs out.
+    Unrecorded,
 }
 
 impl Outcome {
     /// Every outcome, in the order metrics list them.
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 17] = [
         Outcome::Executed,
         Outcome::TakenOver,
         Outcome::Replayed,
@@ -66,6 +73,7 @@ impl Outcome {
         Outcome::QuotaExceeded,
         Outcome::EffectUnknown,
         Outcome::NoKey,
+        Outcome::Unrecorded,
     ];
 
     /// The metric label value.
@@ -87,6 +95,7 @@ impl Outcome {
             Outcome::QuotaExceeded => "quota_exceeded",
             Outcome::EffectUnknown => "effect_unknown",
             Outcome::NoKey => "no_key",
+            Outcome::Unrecorded => "unrecorded",
         }
     }
 

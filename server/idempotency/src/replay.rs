@@ -61,15 +61,41 @@ pub const BODY_NOT_KEPT: &str = "response-body-not-kept";
 /// made) without running the request again.
 pub fn body_not_kept(parts: &Parts, limit: usize, allowed: &[HeaderName]) -> StoredResponse {
     let status = parts.status.as_u16();
-    let problem = Problem::new(
-        parts.status,
-        BODY_NOT_KEPT,
-        "Request completed; response body not kept",
+    not_kept(
+        parts,
         format!(
             "the request with this Idempotency-Key completed with status {status}, but its \
              response body was larger than the {limit} bytes kept for replay, so it cannot be \
              shown again; the request was not run again"
         ),
+        allowed,
+    )
+}
+
+/// As [`body_not_kept`], for a body the store refused although it was within the layer's limit
+/// (the store's own largest value is smaller). The layer cannot tell the store's limit, so the
+/// detail names none.
+pub(crate) fn body_refused(parts: &Parts, allowed: &[HeaderName]) -> StoredResponse {
+    let status = parts.status.as_u16();
+    not_kept(
+        parts,
+        format!(
+            "the request with this Idempotency-Key completed with status {status}, but its \
+             response body could not be kept for replay, so it cannot be shown again; the \
+             request was not run again"
+        ),
+        allowed,
+    )
+}
+
+/// The stored form of a response whose body was not kept, with `detail` saying why.
+fn not_kept(parts: &Parts, detail: String, allowed: &[HeaderName]) -> StoredResponse {
+    let status = parts.status.as_u16();
+    let problem = Problem::new(
+        parts.status,
+        BODY_NOT_KEPT,
+        "Request completed; response body not kept",
+        detail,
     );
     let mut stored = StoredResponse::new(status, Bytes::from(problem.body())).with_header(
         CONTENT_TYPE.as_str(),

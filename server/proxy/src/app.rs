@@ -13,7 +13,11 @@
 //!    (key required);
 //! 5. the scope is taken from the configured source (none or invalid → 401);
 //! 6. the route's [`IdempotencyLayer`] claims the key, runs [`Forward`] and completes, releases or
-//!    leaves the key as the outcome says (see `forward`).
+//!    leaves the key as the outcome says (see `forward`). A response the store cannot record after
+//!    the upstream answered (the store's disk is full, PostgreSQL is down) is sent to the client
+//!    as the upstream gave it, and the key stays in progress until its lease runs out
+//!    ([`UnrecordedResponse::SendAndHold`], outcome `unrecorded`): the upstream has acted, so the
+//!    client must not be told to retry.
 //!
 //! Every route's layer is built with [`IdempotencyLayer::with_config`] from one base layer, so they
 //! share the store, the outcome counts and the in-flight count.
@@ -25,6 +29,7 @@ use axum::http::{Method, Request, Response, StatusCode};
 use axum::response::IntoResponse;
 use idemlog_idempotency::{
     IdempotencyConfig, IdempotencyLayer, Idempotent, Problem, ReleaseStatuses, StoreHandle,
+    UnrecordedResponse,
 };
 use tower::{Layer, ServiceExt};
 use tracing::info;
@@ -75,6 +80,10 @@ pub fn layer_config(settings: &RouteSettings) -> IdempotencyConfig {
     // The proxy sends a keyless request around the layer itself (step 4), so the layer, if it
     // ever saw one, would refuse it.
     config.key_required = true;
+    // Nothing downstream of the proxy is known to dedup: by the time a completion fails, the
+    // upstream has acted, and the default's "503, retry with the same key" would have a retry run
+    // it again. Its answer goes to the client and the key is held until its lease ends instead.
+    config.unrecorded_response = UnrecordedResponse::SendAndHold;
     config
 }
 
@@ -218,5 +227,45 @@ impl std::fmt::Debug for App {
         f.debug_struct("App")
             .field("rules", &self.inner.rules.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::Cli;
+    use crate::config::parse_rules;
+
+    #[test]
+    fn every_route_sends_an_unrecorded_upstream_answer_and_holds_its_key() {
+        let cli = Cli::try_parse_from([
+            "idemlog-proxy",
+            "--upstream",
+            "http://127.0.0.1:3000",
+            "--static-scope",
+            "shop",
+        ])
+        .expect("flags");
+        let defaults = RouteSettings::defaults(&cli);
+        let rules = parse_rules(
+            r#"
+            [[route]]
+            path = "/orders/*"
+            key = "required"
+            release_statuses = ["5xx"]
+            "#,
+            "rules.toml",
+            &defaults,
+        )
+        .expect("rules");
+        let settings = std::iter::once(&defaults).chain(rules.iter().map(|r| &r.settings));
+        for settings in settings {
+            assert_eq!(
+                layer_config(settings).unrecorded_response,
+                UnrecordedResponse::SendAndHold
+            );
+        }
     }
 }

@@ -15,7 +15,12 @@
 //! - the upstream does not answer within the timeout, or the connection is lost after the request
 //!   was sent: the effect is unknown → 504, and a protected key is left in progress until its lease
 //!   runs out ([`ClaimDirective::EffectUnknown`]), so no retry runs the request a second time
-//!   while the first may still be running.
+//!   while the first may still be running;
+//! - the upstream answered but the store cannot record the answer (its disk is full, PostgreSQL is
+//!   down): the client gets the upstream's answer, and the key is left in progress until its lease
+//!   runs out, as after a 504 (the layer's `UnrecordedResponse::SendAndHold`, set in `app`;
+//!   outcome `unrecorded`). An answer the store refuses (too large for it) is stored without its
+//!   body, as one over the route's stored limit is.
 //!
 //! A protected request's response body is read here, within the same timeout, up to the route's
 //! stored limit: what the idempotency layer then stores is complete. A body larger than that is

@@ -1,6 +1,7 @@
 //! The proxy's request path in process, against a small axum upstream: what the upstream sees
 //! (fencing token, forwarded headers, hop-by-hop headers removed) and how the two upstream failures
-//! settle a key (connect refused → 502 and released; timeout → 504 and held until the lease ends).
+//! settle a key (connect refused → 502 and released; timeout → 504 and held until the lease ends),
+//! and an upstream answer the store cannot record (sent to the client, the key held).
 //! The end-to-end tests of the binary against an upstream in another language are in `tests/`.
 
 use std::net::SocketAddr;
@@ -18,9 +19,10 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idemlog::testkit::FaultyStorage;
-use idemlog::{ManualClock, Options};
+use idemlog::testkit::{FaultOp, FaultyStorage};
+use idemlog::{ManualClock, Options, RecoveredClaims};
 use idemlog_idempotency::backends::embedded::EmbeddedBackend;
+use idemlog_idempotency::store::{Health, IdempotencyStore};
 use idemlog_proxy::app::App;
 use idemlog_proxy::cli::Cli;
 use idemlog_proxy::config::{RouteSettings, parse_rules};
@@ -67,7 +69,27 @@ async fn proxy(upstream: &str) -> Proxy {
     proxy_with_rules(upstream, "").await
 }
 
+/// The store the proxy's flags open, on the engine's in-memory storage and a manual clock.
+fn store_on(fs: &FaultyStorage) -> EmbeddedBackend {
+    EmbeddedBackend::open(
+        "/data",
+        Options::default()
+            .storage(Arc::new(fs.clone()))
+            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
+            .lease(LEASE)
+            .recovered_claims(RecoveredClaims::HeldUntilLeaseEnd),
+    )
+    .expect("store")
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
 async fn proxy_with_rules(upstream: &str, rules: &str) -> Proxy {
+    proxy_on(upstream, rules, store_on(&FaultyStorage::new())).await
+}
+
+async fn proxy_on(upstream: &str, rules: &str, store: EmbeddedBackend) -> Proxy {
+    let lease = format!("{}s", LEASE.as_secs());
     let cli = Cli::try_parse_from([
         "idemlog-proxy",
         "--upstream",
@@ -77,17 +99,9 @@ async fn proxy_with_rules(upstream: &str, rules: &str) -> Proxy {
         "--upstream-timeout",
         "300ms",
         "--lease",
-        "30s",
+        &lease,
     ])
     .expect("flags");
-    let store = EmbeddedBackend::open(
-        "/data",
-        Options::default()
-            .storage(Arc::new(FaultyStorage::new()))
-            .clock(Arc::new(ManualClock::new(1_700_000_000_000)))
-            .lease(cli.lease),
-    )
-    .expect("store");
     let upstream = Upstream::new(
         &cli.upstream,
         cli.upstream_timeout,
@@ -316,4 +330,46 @@ async fn a_path_spelled_another_way_cannot_evade_a_route_rule() {
     // A method no rule names does not depend on the path: passed through as it is.
     let (status, _, _) = send(&p, "GET", "/x/../echo", &[]).await;
     assert_ne!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn an_upstream_answer_the_store_cannot_record_reaches_the_client_and_holds_the_key() {
+    // The upstream charges, and while it does the proxy's disk fills up: the completion that
+    // follows fails. The charge has happened, so the client must get it and no retry may charge
+    // again.
+    let fs = FaultyStorage::new();
+    let calls = Arc::new(AtomicU64::new(0));
+    async fn charge(
+        State((calls, fs)): State<(Arc<AtomicU64>, FaultyStorage)>,
+    ) -> (StatusCode, String) {
+        let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        fs.fail_op(FaultOp::Write, ".seg", 1, std::io::ErrorKind::StorageFull);
+        (StatusCode::CREATED, format!("charged {n}"))
+    }
+    let app = Router::new()
+        .route("/charge", post(charge))
+        .with_state((Arc::clone(&calls), fs.clone()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let up = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let store = store_on(&fs);
+    let p = proxy_on(&format!("http://{up}"), "", store.clone()).await;
+
+    let (status, headers, body) = send(&p, "POST", "/charge", &[("idempotency-key", "c")]).await;
+    assert_eq!(status, StatusCode::CREATED, "the upstream's answer: {body}");
+    assert_eq!(body, "charged 1");
+    assert!(!headers.contains_key("idempotent-replayed"));
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.health() != Health::Ready {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store did not heal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, headers, body) = send(&p, "POST", "/charge", &[("idempotency-key", "c")]).await;
+    assert_eq!(status, StatusCode::CONFLICT, "held, not run again: {body}");
+    assert!(headers.contains_key("retry-after"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the upstream charged once");
 }

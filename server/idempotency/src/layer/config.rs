@@ -10,6 +10,7 @@ use axum::http::HeaderName;
 
 use crate::fingerprint::FingerprintMode;
 use crate::layer::release_statuses::ReleaseStatuses;
+use crate::layer::unrecorded::UnrecordedResponse;
 use crate::replay::STORED_HEADERS;
 
 /// Settings of an [`IdempotencyLayer`](crate::IdempotencyLayer).
@@ -45,6 +46,12 @@ pub struct IdempotencyConfig {
     /// untouched (no scope needed, nothing claimed or stored); a malformed key is still a 400.
     /// Default `true`: no key → 400.
     pub key_required: bool,
+    /// What happens when the inner service ran but its response could not be recorded (the store
+    /// failed, or refused the value). Default [`UnrecordedResponse::Retry`]: the client is told to
+    /// retry and a retry runs the inner service again, which is safe only when its effects are
+    /// deduplicated downstream; [`UnrecordedResponse::SendAndHold`] sends the response and holds
+    /// the key until its lease runs out.
+    pub unrecorded_response: UnrecordedResponse,
 }
 
 impl IdempotencyConfig {
@@ -62,6 +69,7 @@ impl IdempotencyConfig {
             stored_headers: STORED_HEADERS.to_vec(),
             release_statuses: ReleaseStatuses::default(),
             key_required: true,
+            unrecorded_response: UnrecordedResponse::default(),
         }
     }
 }

@@ -33,6 +33,7 @@ use crate::layer::in_flight::InFlight;
 use crate::layer::renewal::with_renewal;
 use crate::layer::response_body::{Collected, collect_bounded};
 use crate::layer::responses::{in_progress, retry_after_hint, store_failure, with_member};
+use crate::layer::unrecorded::{UnrecordedResponse, send_and_hold, unreadable_and_held};
 use crate::outcome::{Outcome, OutcomeCounts};
 use crate::problem::Problem;
 use crate::replay;
@@ -565,10 +566,11 @@ async fn complete(
     let config = &shared.config;
     let (mut parts, body) = response.into_parts();
     let side = parts.extensions.remove::<SideRecords>().unwrap_or_default();
-    let (stored, body) = match collect_bounded(body, config.max_response_bytes).await {
+    let (stored, body, body_kept) = match collect_bounded(body, config.max_response_bytes).await {
         Ok(Collected::Whole(body)) => (
             replay::to_stored_with(&parts, body.clone(), &config.stored_headers),
             Body::from(body),
+            true,
         ),
         Ok(Collected::TooLarge(body)) => {
             // The handler ran: its client gets the whole response, and the key is completed
@@ -581,33 +583,84 @@ async fn complete(
             (
                 replay::body_not_kept(&parts, config.max_response_bytes, &config.stored_headers),
                 body,
+                false,
             )
         }
         Err(e) => {
-            error!(error = %e, "response body could not be read: releasing the key");
-            release(&*shared.store, token).await;
-            counts.record(Outcome::Released);
-            return Problem::internal("the response could not be recorded").into_response();
+            return match config.unrecorded_response {
+                UnrecordedResponse::Retry => {
+                    error!(error = %e, "response body could not be read: releasing the key");
+                    release(&*shared.store, token).await;
+                    counts.record(Outcome::Released);
+                    Problem::internal("the response could not be recorded").into_response()
+                }
+                // The token is dropped unused: the key stays in progress until its lease ends.
+                UnrecordedResponse::SendAndHold => unreadable_and_held(counts, token.fence, &e),
+            };
         }
     };
     let status = stored.status;
     let side_records = side.0.len();
     let completed = shared.store.complete(&token, &stored, &side.0).await;
-    match completed {
+    let e = match completed {
         Ok(()) => {
             counts.record(outcome);
             debug!(status, side_records, "completed: response stored");
-            Response::from_parts(parts, body)
+            return Response::from_parts(parts, body);
         }
         Err(StoreError::LeaseLost { .. }) => {
-            fenced(&*shared.store, counts, &token, fp, &config.stored_headers).await
+            return fenced(&*shared.store, counts, &token, fp, &config.stored_headers).await;
         }
-        Err(e @ StoreError::Rejected(_)) => {
-            error!(error = %e, "response could not be stored: releasing the key");
-            release(&*shared.store, token).await;
-            counts.record(Outcome::Released);
-            Problem::internal("the response could not be recorded").into_response()
+        Err(e) => e,
+    };
+    match config.unrecorded_response {
+        UnrecordedResponse::Retry => match e {
+            StoreError::Rejected(_) => {
+                error!(error = %e, "response could not be stored: releasing the key");
+                release(&*shared.store, token).await;
+                counts.record(Outcome::Released);
+                Problem::internal("the response could not be recorded").into_response()
+            }
+            e => store_failure(counts, "complete", &e),
+        },
+        UnrecordedResponse::SendAndHold => {
+            // A refused value is usually a body over the store's largest value (a layer limit
+            // above the store's): completing without the body keeps any retry from running the
+            // handler again, as for a body over the layer's own limit.
+            let e = match e {
+                StoreError::Rejected(_) if body_kept => {
+                    let bodiless = replay::body_refused(&parts, &config.stored_headers);
+                    match shared.store.complete(&token, &bodiless, &side.0).await {
+                        Ok(()) => {
+                            counts.record(outcome);
+                            warn!(
+                                status,
+                                error = %e,
+                                "the store refused the response: key completed without its body \
+                                 (keep max_response_bytes at most the store's largest value)"
+                            );
+                            return Response::from_parts(parts, body);
+                        }
+                        Err(StoreError::LeaseLost { .. }) => {
+                            return fenced(
+                                &*shared.store,
+                                counts,
+                                &token,
+                                fp,
+                                &config.stored_headers,
+                            )
+                            .await;
+                        }
+                        Err(again) => {
+                            warn!(error = %e, "the store refused the response, and also without its body");
+                            again
+                        }
+                    }
+                }
+                e => e,
+            };
+            // The token is dropped unused: the key stays in progress until its lease ends.
+            send_and_hold(counts, token.fence, &e, Response::from_parts(parts, body))
         }
-        Err(e) => store_failure(counts, "complete", &e),
     }
 }
