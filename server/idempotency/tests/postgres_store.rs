@@ -135,6 +135,41 @@ impl Db {
             .get(0)
     }
 
+    /// `scope_counts.live` of every scope, in scope order.
+    async fn scope_counts(&self) -> Vec<(String, i64)> {
+        self.raw
+            .query(
+                &format!(
+                    "SELECT scope, live FROM \"{}\".scope_counts ORDER BY scope",
+                    self.schema
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
+    /// Scopes whose `scope_counts.live` is not their number of `keys` rows.
+    async fn miscounted_scopes(&self) -> Vec<String> {
+        self.raw
+            .query(
+                &format!(
+                    "SELECT q.scope FROM \"{s}\".scope_counts q
+                     WHERE q.live <> (SELECT count(*) FROM \"{s}\".keys k WHERE k.scope = q.scope)",
+                    s = self.schema
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     async fn drop_schema(self) {
         self.raw
             .batch_execute(&format!(
@@ -658,15 +693,16 @@ async fn insert_once_dedups_and_counts_once_under_concurrency() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones() {
+async fn cleanup_deletes_expired_keys_of_every_scope_in_batches_and_lowers_each_count_by_its_own() {
     let Some(db) = Db::new().await else { return };
     let store = db.store().await;
     let short = Duration::from_millis(150);
-    for i in 0..25 {
-        acquire(&store, "acct", &format!("old{i}"), 1, short).await;
-    }
-    for i in 0..3 {
-        acquire(&store, "acct", &format!("live{i}"), 1, TTL).await;
+    // Expired keys in two scopes (10 and 15), none in a third; one live key in each.
+    for (scope, old) in [("acct_a", 10), ("acct_b", 15), ("acct_c", 0)] {
+        for i in 0..old {
+            acquire(&store, scope, &format!("old{i}"), 1, short).await;
+        }
+        acquire(&store, scope, "live", 1, TTL).await;
     }
     let mut writes: Vec<RecordWrite> = (0..12)
         .map(|i| {
@@ -684,25 +720,32 @@ async fn cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones() {
         Bytes::from_static(b"y"),
     ));
     store.write_records(&writes).await.unwrap();
+    let scope = |name: &str, live: i64| (name.to_string(), live);
+    assert_eq!(
+        db.scope_counts().await,
+        [scope("acct_a", 11), scope("acct_b", 16), scope("acct_c", 1)]
+    );
     tokio::time::sleep(PAST_LEASE).await;
     let report = store.cleanup_once(10).await.unwrap();
     assert_eq!((report.keys, report.records), (25, 12));
-    assert!(report.batches >= 3 + 2, "{report:?}");
+    // At most 10 rows per statement: keys 10 + 10 + 5 (the last one finds the walk's end),
+    // records 10 + 2.
+    assert_eq!(report.batches, 3 + 2, "{report:?}");
     assert_eq!(db.count("keys").await, 3);
     assert_eq!(db.count("records").await, 1);
-    for i in 0..3 {
-        assert!(
-            store
-                .get("acct", &format!("live{i}"))
-                .await
-                .unwrap()
-                .is_some()
-        );
+    // Each scope's count went down by the keys deleted in it: 10, 15 and 0.
+    assert_eq!(
+        db.scope_counts().await,
+        [scope("acct_a", 1), scope("acct_b", 1), scope("acct_c", 1)]
+    );
+    for s in ["acct_a", "acct_b", "acct_c"] {
+        assert!(store.get(s, "live").await.unwrap().is_some(), "{s}");
     }
     // The background task does the same on its own, on every instance at once.
     let other = db.store().await;
     for i in 0..5 {
-        acquire(&store, "acct", &format!("later{i}"), 1, short).await;
+        acquire(&store, "acct_a", &format!("later{i}"), 1, short).await;
+        acquire(&other, "acct_b", &format!("later{i}"), 1, short).await;
     }
     store.spawn_cleanup(Duration::from_millis(50), 2);
     other.spawn_cleanup(Duration::from_millis(50), 2);
@@ -716,6 +759,61 @@ async fn cleanup_deletes_expired_rows_in_batches_and_keeps_live_ones() {
     }
     store.close().await.unwrap();
     other.close().await.unwrap();
+    assert_eq!(db.miscounted_scopes().await, Vec::<String>::new());
+    assert_eq!(
+        db.scope_counts().await,
+        [scope("acct_a", 1), scope("acct_b", 1), scope("acct_c", 1)]
+    );
+    db.drop_schema().await;
+}
+
+/// One cleanup statement visits a bounded number of scopes; a pass goes on from scope to scope
+/// until it has visited them all, so an expired key in the last of many scopes is deleted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_reaches_expired_keys_in_more_scopes_than_one_statement_visits() {
+    let Some(db) = Db::new().await else { return };
+    let store = db.store().await;
+    // 2 500 scopes (more than two statements' worth), each with one expired and one live key,
+    // written behind the store's back with their counts.
+    db.raw
+        .batch_execute(&format!(
+            "INSERT INTO \"{s}\".keys (scope, key, fingerprint, fence, state, expires_at, created_at)
+             SELECT 'acct_' || lpad(n::text, 5, '0'), k, decode(repeat('00', 32), 'hex'), n, 1,
+                    CASE k WHEN 'old' THEN now() - interval '1 minute'
+                           ELSE now() + interval '1 hour' END, now()
+             FROM generate_series(1, 2500) n, (VALUES ('old'), ('live')) v(k);
+             INSERT INTO \"{s}\".scope_counts (scope, live)
+             SELECT 'acct_' || lpad(n::text, 5, '0'), 2 FROM generate_series(1, 2500) n;",
+            s = db.schema
+        ))
+        .await
+        .unwrap();
+    let report = store.cleanup_once(500).await.unwrap();
+    assert_eq!(report.keys, 2_500, "{report:?}");
+    assert_eq!(db.count("keys").await, 2_500);
+    assert_eq!(db.miscounted_scopes().await, Vec::<String>::new());
+    let last: Vec<String> = db
+        .raw
+        .query(
+            &format!(
+                "SELECT key FROM \"{}\".keys WHERE scope = 'acct_02500'",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        last,
+        ["live"],
+        "the last scope's expired key is gone, its live one kept"
+    );
+    // Nothing is left: the next pass walks every scope again and deletes nothing.
+    assert_eq!(store.cleanup_once(500).await.unwrap().keys, 0);
+    store.close().await.unwrap();
     db.drop_schema().await;
 }
 

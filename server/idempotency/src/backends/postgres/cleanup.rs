@@ -27,6 +27,9 @@ pub struct CleanupReport {
 /// than in one long burst.
 const MAX_BATCHES_PER_PASS: u32 = 200;
 
+/// Scopes one key cleanup statement visits (one index descent each; see `sql::cleanup_keys`).
+const SCOPES_PER_BATCH: i64 = 1_000;
+
 /// Runs cleanup passes every `interval` until the store goes away.
 pub(super) async fn run(inner: Weak<Inner>, interval: Duration, batch: u32) {
     let mut ticker = tokio::time::interval(interval);
@@ -63,7 +66,8 @@ impl PostgresBackend {
     }
 
     /// One cleanup pass now: deletes expired rows, `batch` per statement, until none are left (or
-    /// a pass-size cap is reached).
+    /// a pass-size cap is reached). Expired keys are found scope by scope; a pass stopped by the
+    /// cap goes on, at the next pass, from the scope where it stopped.
     pub async fn cleanup_once(&self, batch: u32) -> Result<CleanupReport, StoreError> {
         self.inner.cleanup_once(batch).await
     }
@@ -75,26 +79,52 @@ impl Inner {
         let mut report = CleanupReport::default();
         let limit = i64::from(batch.max(1));
         let pooling = self.pooling;
-        for (table, sql) in [
-            ("keys", &self.sql.cleanup_keys),
-            ("records", &self.sql.cleanup_records),
-        ] {
-            for _ in 0..MAX_BATCHES_PER_PASS {
-                let deleted = self
-                    .with_retry("cleanup", |c| async move {
-                        // Both statements return the count of rows they deleted.
-                        let row = sql.query_one(&c, pooling, &[&limit]).await?;
-                        Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
-                    })
-                    .await?;
-                report.batches += 1;
-                match table {
-                    "keys" => report.keys += deleted,
-                    _ => report.records += deleted,
-                }
-                if deleted < limit as u64 {
-                    break;
-                }
+        // Keys: a walk over the scopes in order, `SCOPES_PER_BATCH` per statement, from where the
+        // last pass left it ('' is the start).
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            let from = self.cleanup_from.lock().clone();
+            let (deleted, next) = self
+                .with_retry("cleanup", |c| {
+                    let from = from.as_str();
+                    async move {
+                        let row = self
+                            .sql
+                            .cleanup_keys
+                            .query_one(&c, pooling, &[&limit, &from, &SCOPES_PER_BATCH])
+                            .await?;
+                        let deleted = row.try_get::<_, i64>("deleted")?.max(0) as u64;
+                        Ok((deleted, row.try_get::<_, Option<String>>("next_scope")?))
+                    }
+                })
+                .await?;
+            report.batches += 1;
+            report.keys += deleted;
+            if deleted >= limit as u64 {
+                // A full batch may have stopped inside a scope: the same scopes again.
+                continue;
+            }
+            let done = next.is_none();
+            *self.cleanup_from.lock() = next.unwrap_or_default();
+            if done {
+                break;
+            }
+        }
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            let deleted = self
+                .with_retry("cleanup", |c| async move {
+                    // Returns the count of rows it deleted.
+                    let row = self
+                        .sql
+                        .cleanup_records
+                        .query_one(&c, pooling, &[&limit])
+                        .await?;
+                    Ok(row.try_get::<_, i64>(0)?.max(0) as u64)
+                })
+                .await?;
+            report.batches += 1;
+            report.records += deleted;
+            if deleted < limit as u64 {
+                break;
             }
         }
         Ok(report)

@@ -192,6 +192,7 @@ impl PostgresBackend {
                 claims,
                 finishes,
                 inserts,
+                cleanup_from: Mutex::new(String::new()),
             }
         });
         // Start-up has just reached the database: the probe's first check is due a whole interval

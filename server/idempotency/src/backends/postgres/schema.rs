@@ -85,10 +85,35 @@ const MIGRATIONS: &[Migration] = &[
         ALTER TABLE {s}.counters ADD CONSTRAINT counters_pkey PRIMARY KEY (name, stripe);
     ",
     },
+    // Version 4: room for HOT updates of `keys`, and one index fewer on it. A completion (and a
+    // lease renewal) updates a key's row in place: `state`, `lease_until`, `status`, `headers`
+    // and `body`, none of them in an index. PostgreSQL then writes the new row version as a HOT
+    // update (a heap-only tuple, no new entry in any index) if the row's page has room for it;
+    // otherwise the new version goes to another page and gets an entry in every index of `keys`.
+    // With pages filled to the brim by the claims' inserts, about half the completions found no
+    // room (benches/NOTEBOOK.md, "Measured, not done: the rows themselves"). `fillfactor = 50`
+    // makes inserts leave half of each page free (a bigger table for fewer index writes); it
+    // applies to pages filled from now on, so an existing table turns over as its expired rows are
+    // deleted and vacuumed, without a rewrite. A claim that takes over an expired or abandoned
+    // key sets a new `expires_at`, which `keys_scope_expires_at` indexes: that update is never
+    // HOT, whatever the free space.
+    //
+    // `keys_expires_at (expires_at)` served only the cleanup's search for expired keys across
+    // all scopes. The cleanup now finds them scope by scope through `keys_scope_expires_at
+    // (scope, expires_at)` (`sql::cleanup_keys`), and every insert and every non-HOT update
+    // costs one index entry fewer. A fresh schema gets the index from version 1 and loses it
+    // here: the migrations are steps, and every schema ends in the same shape.
+    Migration {
+        version: 4,
+        sql: "
+        ALTER TABLE {s}.keys SET (fillfactor = 50);
+        DROP INDEX IF EXISTS {s}.keys_expires_at;
+    ",
+    },
 ];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 const ATTEMPTS: u32 = 8;
 
@@ -393,6 +418,105 @@ mod tests {
             .expect("sum")
             .get(0);
         assert_eq!(total, 42);
+        drop_schema(&c, &schema).await;
+    }
+
+    /// The indexes of `schema`'s `keys` table, by name.
+    async fn keys_indexes(c: &Client, schema: &str) -> Vec<String> {
+        c.query(
+            "SELECT indexname::text FROM pg_catalog.pg_indexes
+             WHERE schemaname = $1 AND tablename = 'keys' ORDER BY indexname",
+            &[&schema],
+        )
+        .await
+        .expect("pg_indexes")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    }
+
+    /// The storage parameters of `schema`'s `keys` table (`fillfactor=50`, …).
+    async fn keys_reloptions(c: &Client, schema: &str) -> Vec<String> {
+        c.query_one(
+            &format!(
+                "SELECT COALESCE(reloptions, '{{}}')::text[] FROM pg_catalog.pg_class
+                 WHERE oid = '\"{schema}\".keys'::regclass"
+            ),
+            &[],
+        )
+        .await
+        .expect("pg_class")
+        .get(0)
+    }
+
+    #[tokio::test]
+    async fn version_4_from_version_3_leaves_room_on_keys_pages_and_drops_the_expiry_index() {
+        let Some((mut c, schema)) = client().await else {
+            return;
+        };
+        migrate_to(&mut c, &schema, 3).await.expect("migrate to 3");
+        for (scope, key, expires) in [("acct_a", "k1", "1 hour"), ("acct_b", "k1", "-1 hour")] {
+            c.execute(
+                &format!(
+                    "INSERT INTO \"{schema}\".keys (scope, key, fingerprint, fence, state, \
+                     expires_at, created_at) VALUES ($1, $2, '\\x00', 1, 1, now() + $3::text::interval, \
+                     now())"
+                ),
+                &[&scope, &key, &expires],
+            )
+            .await
+            .expect("a version-3 key row");
+        }
+        assert_eq!(
+            keys_indexes(&c, &schema).await,
+            ["keys_expires_at", "keys_pkey", "keys_scope_expires_at"]
+        );
+        assert!(keys_reloptions(&c, &schema).await.is_empty());
+        migrate_to(&mut c, &schema, 4).await.expect("migrate to 4");
+        assert_eq!(versions(&c, &schema).await, [1, 2, 3, 4]);
+        assert_eq!(
+            keys_indexes(&c, &schema).await,
+            ["keys_pkey", "keys_scope_expires_at"]
+        );
+        assert_eq!(keys_reloptions(&c, &schema).await, ["fillfactor=50"]);
+        let rows: Vec<(String, bool)> = c
+            .query(
+                &format!("SELECT scope, expires_at > now() FROM \"{schema}\".keys ORDER BY scope"),
+                &[],
+            )
+            .await
+            .expect("keys rows")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(
+            rows,
+            [("acct_a".to_string(), true), ("acct_b".to_string(), false)],
+            "the rows are kept, the expired one too"
+        );
+        // Applying the migrations again changes nothing.
+        migrate_to(&mut c, &schema, 4)
+            .await
+            .expect("migrate to 4 again");
+        assert_eq!(versions(&c, &schema).await, [1, 2, 3, 4]);
+        drop_schema(&c, &schema).await;
+    }
+
+    #[tokio::test]
+    async fn a_fresh_schema_ends_in_the_same_shape_as_a_migrated_one() {
+        let Some((mut c, schema)) = client().await else {
+            return;
+        };
+        migrate(&mut c, &schema).await.expect("migrate");
+        assert_eq!(
+            versions(&c, &schema).await,
+            (1..=SCHEMA_VERSION).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            keys_indexes(&c, &schema).await,
+            ["keys_pkey", "keys_scope_expires_at"]
+        );
+        assert_eq!(keys_reloptions(&c, &schema).await, ["fillfactor=50"]);
         drop_schema(&c, &schema).await;
     }
 

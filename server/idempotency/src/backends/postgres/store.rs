@@ -64,6 +64,9 @@ pub(crate) struct Inner {
     pub(super) finishes: Lanes<FinishJob, BatchRunner<Finishes>>,
     /// The lanes that batch write-once inserts ([`super::batch::inserts`]).
     pub(super) inserts: Lanes<InsertJob, BatchRunner<Inserts>>,
+    /// The scope the cleanup's walk over the scopes goes on from ('' is the start; see
+    /// [`super::cleanup`]).
+    pub(super) cleanup_from: Mutex<String>,
 }
 
 impl PostgresBackend {

@@ -524,3 +524,121 @@ async fn an_existing_write_once_record_or_a_claim_read_back_is_shown_only_once_d
     }
     db.drop().await;
 }
+
+/// Keys written behind the store's back, with their scopes' counts: `(scope, expired, live)`.
+async fn keys_in_scopes(db: &Db, scopes: &[(&str, i32, i32)]) {
+    for (scope, expired, live) in scopes {
+        db.raw
+            .execute(
+                &format!(
+                    "INSERT INTO \"{s}\".keys (scope, key, fingerprint, fence, state, expires_at,
+                                               created_at)
+                     SELECT $1, 'k' || n, '\\x00', n, 1,
+                            CASE WHEN n <= $2::int4 THEN now() - interval '1 minute'
+                                 ELSE now() + interval '1 hour' END, now()
+                     FROM generate_series(1, $2::int4 + $3::int4) n",
+                    s = db.schema
+                ),
+                &[scope, expired, live],
+            )
+            .await
+            .unwrap();
+        db.raw
+            .execute(
+                &format!(
+                    "INSERT INTO \"{}\".scope_counts (scope, live) VALUES ($1, $2)",
+                    db.schema
+                ),
+                &[scope, &i64::from(expired + live)],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// One run of the key cleanup statement: rows deleted, and the scope the walk goes on from.
+async fn cleanup_keys(db: &Db, batch: i64, from: &str, scopes: i64) -> (i64, Option<String>) {
+    let inner = &*db.store.inner;
+    let c = inner.pool.get().await.unwrap();
+    let rows = inner
+        .sql
+        .cleanup_keys
+        .query(&c, inner.pooling, &[&batch, &from, &scopes])
+        .await
+        .unwrap();
+    (rows[0].get("deleted"), rows[0].get("next_scope"))
+}
+
+/// `(keys rows, scope_counts.live)` of a scope.
+async fn rows_and_count(db: &Db, scope: &str) -> (i64, i64) {
+    let row = db
+        .raw
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM \"{s}\".keys WHERE scope = $1),
+                        (SELECT live FROM \"{s}\".scope_counts WHERE scope = $1)",
+                s = db.schema
+            ),
+            &[&scope],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_cleanup_deletes_at_most_its_batch_from_at_most_its_scopes_and_names_the_next() {
+    let Some(db) = Db::new().await else { return };
+    keys_in_scopes(
+        &db,
+        &[("s1", 3, 1), ("s2", 4, 0), ("s3", 2, 2), ("s4", 5, 1)],
+    )
+    .await;
+    // Three scopes per statement, five rows: s1..s3 hold 9 expired keys, s4 is not visited.
+    assert_eq!(cleanup_keys(&db, 5, "", 3).await, (5, Some("s4".into())));
+    assert_eq!(rows_and_count(&db, "s4").await, (6, 6));
+    let left: i64 = db
+        .scalar("SELECT count(*) FROM {s}.keys WHERE expires_at <= now() AND scope < 's4'")
+        .await;
+    assert_eq!(left, 4);
+    // A batch that filled up runs again from the same scope; this one empties s1..s3.
+    assert_eq!(cleanup_keys(&db, 5, "", 3).await, (4, Some("s4".into())));
+    assert_eq!(cleanup_keys(&db, 5, "s4", 3).await, (5, None));
+    assert_eq!(cleanup_keys(&db, 5, "s4", 3).await, (0, None));
+    // Live keys stay, and every count went down by exactly the rows deleted in its scope.
+    for (scope, live) in [("s1", 1), ("s2", 0), ("s3", 2), ("s4", 1)] {
+        assert_eq!(rows_and_count(&db, scope).await, (live, live), "{scope}");
+    }
+    db.drop().await;
+}
+
+/// Several instances clean at once: a row another transaction holds is skipped, not waited for,
+/// and stays counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_cleanup_skips_a_row_another_transaction_holds_and_keeps_it_counted() {
+    let Some(db) = Db::new().await else { return };
+    keys_in_scopes(&db, &[("a", 3, 0), ("b", 2, 1)]).await;
+    let url = database_url().unwrap();
+    let (mut other, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let holder = other.transaction().await.unwrap();
+    holder
+        .execute(
+            &format!(
+                "SELECT 1 FROM \"{}\".keys WHERE scope = 'a' AND key = 'k1' FOR UPDATE",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(Duration::from_secs(5), cleanup_keys(&db, 100, "", 1000));
+    assert_eq!(
+        run.await.expect("the cleanup waited for a held row"),
+        (4, None)
+    );
+    holder.rollback().await.unwrap();
+    assert_eq!(rows_and_count(&db, "a").await, (1, 1));
+    assert_eq!(rows_and_count(&db, "b").await, (1, 1));
+    db.drop().await;
+}
