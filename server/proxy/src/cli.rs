@@ -121,6 +121,11 @@ pub struct Cli {
     /// How long shutdown waits for requests in flight.
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub shutdown_grace: Duration,
+
+    /// Threads serving the proxy listener, each with an event loop and a pool of upstream
+    /// connections of its own (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
 }
 
 /// `--durability`.

@@ -4,7 +4,7 @@
 //!
 //! The binary (`main.rs`) parses the flags ([`cli`]) and the route rules ([`config`]), chooses the
 //! scope source ([`scope`]), opens the store ([`store`]) and serves two listeners: the proxy
-//! ([`serve`], requests through [`app`] to [`forward`]) and the admin one ([`admin`], with
+//! ([`workers`] threads, each running [`serve`], requests through [`app`] to [`forward`]) and the admin one ([`admin`], with
 //! [`metrics`]); [`routes`] and [`normal_path`] decide which rule a request falls under. Module
 //! docs say what each owns; `README.md` beside this crate says how to run it.
 
@@ -19,3 +19,4 @@ pub mod routes;
 pub mod scope;
 pub mod serve;
 pub mod store;
+pub mod workers;
