@@ -2,8 +2,9 @@
 //!
 //! Durations use humantime's grammar (`30s`, `24h`, `250ms`). The flags here are checked by clap;
 //! the rules that span several flags (exactly one scope source, `--trusted-peer` with
-//! `--scope-header`) are checked by [`Cli::scope_source`], whose error the binary turns into exit
-//! code 2.
+//! `--scope-header`) are checked by
+//! [`ScopeSource::from_cli`](crate::scope::ScopeSource::from_cli), whose error the binary turns
+//! into exit code 2.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
