@@ -422,3 +422,59 @@ fn a_passed_through_path_reaches_the_upstream_exactly_as_spelled() {
         .collect();
     assert_eq!(seen, expected);
 }
+
+#[test]
+fn copies_spread_over_four_workers_still_run_the_upstream_once() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-workers");
+    let proxy = Arc::new(Proxy::start(&upstream, dir.path(), &["--workers", "4"]));
+    assert!(
+        proxy
+            .logs()
+            .iter()
+            .any(|line| line.contains("proxy listening") && line.contains("workers=4")),
+        "the start-up log names the workers: {:?}",
+        proxy.logs()
+    );
+    // Each copy on a connection of its own: the main thread spreads them over the four workers,
+    // whose event loops claim the one key against each other.
+    let barrier = Arc::new(std::sync::Barrier::new(16));
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let proxy = Arc::clone(&proxy);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                proxy.post(TENANT_A, "spread-1", ORDER, "slow=300")
+            })
+        })
+        .collect();
+    let replies: Vec<Reply> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    assert_eq!(upstream.runs("spread-1"), 1, "{replies:#?}");
+    let fresh = replies
+        .iter()
+        .filter(|r| r.status == 201 && !r.replayed())
+        .count();
+    assert_eq!(fresh, 1, "exactly one first answer: {replies:#?}");
+    assert!(
+        replies.iter().all(|r| r.status == 201 || r.status == 409),
+        "{replies:#?}"
+    );
+    // Many keys at once: every one runs once and answers.
+    let threads: Vec<_> = (0..32)
+        .map(|i| {
+            let proxy = Arc::clone(&proxy);
+            std::thread::spawn(move || proxy.post(TENANT_A, &format!("many-{i}"), ORDER, ""))
+        })
+        .collect();
+    for t in threads {
+        let reply = t.join().expect("client thread");
+        assert_eq!(reply.status, 201, "{reply:?}");
+    }
+    for i in 0..32 {
+        assert_eq!(upstream.runs(&format!("many-{i}")), 1);
+    }
+}

@@ -40,11 +40,35 @@ use crate::normal_path::{self, NotNormal};
 use crate::routes::first_match;
 use crate::scope::{ScopeError, ScopeSource};
 
-/// One protected route: its settings and its layered forwarder.
+/// One protected route: its settings, its layer and the layered forwarder.
 #[derive(Clone)]
 struct Protected {
     key: KeyRequirement,
+    layer: IdempotencyLayer,
+    max_stored: usize,
     service: Idempotent<Forward>,
+}
+
+impl Protected {
+    fn new(
+        key: KeyRequirement,
+        layer: IdempotencyLayer,
+        max_stored: usize,
+        upstream: &Arc<Upstream>,
+    ) -> Self {
+        let service = layer.layer(Forward::protected(Arc::clone(upstream), max_stored));
+        Self {
+            key,
+            layer,
+            max_stored,
+            service,
+        }
+    }
+
+    /// The same route forwarding to `upstream`.
+    fn with_upstream(&self, upstream: &Arc<Upstream>) -> Self {
+        Self::new(self.key, self.layer.clone(), self.max_stored, upstream)
+    }
 }
 
 /// Everything a request needs; cheap to clone (one `Arc`).
@@ -97,14 +121,13 @@ impl App {
         rules: Vec<RouteRule>,
     ) -> Self {
         let base = IdempotencyLayer::new(store, layer_config(defaults));
-        let protect = |settings: &RouteSettings| Protected {
-            key: settings.key,
-            service: base
-                .with_config(layer_config(settings))
-                .layer(Forward::protected(
-                    Arc::clone(&upstream),
-                    settings.max_stored_response_bytes,
-                )),
+        let protect = |settings: &RouteSettings| {
+            Protected::new(
+                settings.key,
+                base.with_config(layer_config(settings)),
+                settings.max_stored_response_bytes,
+                &upstream,
+            )
         };
         let default = protect(defaults);
         let mut ruled_methods: Vec<Method> = Vec::new();
@@ -134,6 +157,27 @@ impl App {
     /// The base layer (outcome counts and in-flight count shared by every route).
     pub fn layer(&self) -> &IdempotencyLayer {
         &self.inner.base
+    }
+
+    /// The same app (rules, layers, store, counts) forwarding through another upstream client:
+    /// one per worker thread, so that a pooled upstream connection is driven by the thread that
+    /// uses it (see `main.rs`).
+    pub fn with_upstream(&self, upstream: Arc<Upstream>) -> Self {
+        let inner = &*self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                rules: inner
+                    .rules
+                    .iter()
+                    .map(|(matcher, route)| (matcher.clone(), route.with_upstream(&upstream)))
+                    .collect(),
+                ruled_methods: inner.ruled_methods.clone(),
+                default: inner.default.with_upstream(&upstream),
+                pass_through: Forward::pass_through(Arc::clone(&upstream)),
+                scope: inner.scope.clone(),
+                base: inner.base.clone(),
+            }),
+        }
     }
 
     /// Serves one request from `peer`.

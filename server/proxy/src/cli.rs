@@ -2,8 +2,9 @@
 //!
 //! Durations use humantime's grammar (`30s`, `24h`, `250ms`). The flags here are checked by clap;
 //! the rules that span several flags (exactly one scope source, `--trusted-peer` with
-//! `--scope-header`) are checked by [`Cli::scope_source`], whose error the binary turns into exit
-//! code 2.
+//! `--scope-header`) are checked by
+//! [`ScopeSource::from_cli`](crate::scope::ScopeSource::from_cli), whose error the binary turns
+//! into exit code 2.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -121,6 +122,11 @@ pub struct Cli {
     /// How long shutdown waits for requests in flight.
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub shutdown_grace: Duration,
+
+    /// Threads serving the proxy listener, each with an event loop and a pool of upstream
+    /// connections of its own (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
 }
 
 /// `--durability`.

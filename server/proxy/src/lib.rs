@@ -4,9 +4,10 @@
 //!
 //! The binary (`main.rs`) parses the flags ([`cli`]) and the route rules ([`config`]), chooses the
 //! scope source ([`scope`]), opens the store ([`store`]) and serves two listeners: the proxy
-//! ([`serve`], requests through [`app`] to [`forward`]) and the admin one ([`admin`], with
-//! [`metrics`]); [`routes`] and [`normal_path`] decide which rule a request falls under. Module
-//! docs say what each owns; `README.md` beside this crate says how to run it.
+//! (connections spread over [`workers`], each serving them with [`serve`], requests through
+//! [`app`] to [`forward`]) and the admin one ([`admin`], with [`metrics`]); [`routes`] and
+//! [`normal_path`] decide which rule a request falls under. Module docs say what each owns;
+//! `README.md` beside this crate says how to run it.
 
 pub mod admin;
 pub mod app;
@@ -19,3 +20,4 @@ pub mod routes;
 pub mod scope;
 pub mod serve;
 pub mod store;
+pub mod workers;

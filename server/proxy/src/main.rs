@@ -15,7 +15,7 @@ use idemlog_proxy::config::{RouteRule, RouteSettings, load_rules};
 use idemlog_proxy::forward::Upstream;
 use idemlog_proxy::metrics::UpstreamMetrics;
 use idemlog_proxy::scope::ScopeSource;
-use idemlog_proxy::{serve, store};
+use idemlog_proxy::{serve, store, workers};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
@@ -62,11 +62,21 @@ fn main() -> ExitCode {
         return config_error(e);
     }
     let metrics = UpstreamMetrics::default();
-    let upstream = match Upstream::new(&cli.upstream, cli.upstream_timeout, metrics.clone()) {
-        Ok(upstream) => Arc::new(upstream),
-        Err(e) => return config_error(e),
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let workers = cli.workers.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        usize::from,
+    );
+    // One upstream client (and so one connection pool) per worker: see `run`.
+    let mut upstreams = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        match Upstream::new(&cli.upstream, cli.upstream_timeout, metrics.clone()) {
+            Ok(upstream) => upstreams.push(Arc::new(upstream)),
+            Err(e) => return config_error(e),
+        }
+    }
+    // This thread's runtime runs the store's background tasks, the admin listener and the
+    // shutdown; the proxy listener is served by the worker threads `run` starts.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -76,7 +86,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli, scope, defaults, rules, upstream, metrics)) {
+    match runtime.block_on(run(cli, scope, defaults, rules, upstreams, metrics)) {
         Ok(()) => {
             info!("shut down cleanly");
             ExitCode::SUCCESS
@@ -93,7 +103,7 @@ async fn run(
     scope: ScopeSource,
     defaults: RouteSettings,
     rules: Vec<RouteRule>,
-    upstream: Arc<Upstream>,
+    upstreams: Vec<Arc<Upstream>>,
     metrics: UpstreamMetrics,
 ) -> Result<(), Box<dyn std::error::Error>> {
     match &scope {
@@ -114,7 +124,8 @@ async fn run(
         routes = rules.len(),
         "store chosen"
     );
-    let app = App::new(Arc::clone(&store), upstream, scope, &defaults, rules);
+    let first = upstreams.first().cloned().ok_or("no worker")?;
+    let app = App::new(Arc::clone(&store), first, scope, &defaults, rules);
     let layer = app.layer().clone();
 
     let admin_listener = TcpListener::bind(cli.admin_listen)
@@ -141,19 +152,22 @@ async fn run(
         .await
         .map_err(|e| format!("could not listen on {}: {e}", cli.listen))?;
     let addr = listener.local_addr()?;
-    info!(addr = %addr, "proxy listening");
+    let limits = serve::Limits {
+        grace: cli.shutdown_grace,
+        body_read_timeout: cli.body_read_timeout,
+    };
+    let mut workers = workers::start(&app, upstreams, limits)?;
+    info!(addr = %addr, workers = workers.len(), "proxy listening");
 
-    let grace_ends = serve::serve(
-        listener,
-        app,
-        serve::shutdown_signal(),
-        serve::Limits {
-            grace: cli.shutdown_grace,
-            body_read_timeout: cli.body_read_timeout,
-            max_connections: cli.max_connections as usize,
-        },
-    )
-    .await;
+    let served = workers
+        .serve_until(
+            listener,
+            serve::connection_permits(cli.max_connections as usize),
+            serve::shutdown_signal(),
+            limits.grace,
+        )
+        .await;
+    let grace_ends = served.grace_ends;
 
     let in_flight = layer.in_flight();
     if in_flight.count() > 0 {
@@ -184,7 +198,12 @@ async fn run(
         Ok(Err(e)) => warn!(error = %e, "admin listener failed"),
         Err(e) => warn!(error = %e, "admin listener task failed"),
     }
-    store.close().await?;
+    let closed = store.close().await;
+    workers.release();
+    closed?;
     info!("store closed");
-    Ok(())
+    match served.failure {
+        Some(failure) => Err(failure.into()),
+        None => Ok(()),
+    }
 }

@@ -9,7 +9,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::pin;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +20,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_http::timeout::TimeoutBody;
 use tracing::{debug, info, warn};
 
@@ -41,89 +42,130 @@ pub struct Limits {
     pub grace: Duration,
     /// Longest wait for the next piece of a request body (the layer answers 408 before claiming).
     pub body_read_timeout: Duration,
-    /// Connections served at once; further clients wait in the listen backlog.
-    pub max_connections: usize,
 }
 
-/// Serves `listener` until `shutdown` resolves, then drains connections for at most
-/// `limits.grace`. Returns when the grace period ends (`now + grace` at the signal), so that the
-/// caller's wait for requests whose clients left shares the same deadline.
-pub async fn serve(
-    listener: TcpListener,
+/// A connection cap shared by every worker's listener: `--max-connections` permits in all.
+pub fn connection_permits(max_connections: usize) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(max_connections.max(1)))
+}
+
+/// The connections one event loop serves: the HTTP/1.1 + h2c builder, the graceful-shutdown
+/// watcher, and the app every request goes to.
+pub struct Connections {
+    builder: auto::Builder<TokioExecutor>,
+    graceful: GracefulShutdown,
     app: App,
-    shutdown: impl Future<Output = ()>,
     limits: Limits,
-) -> tokio::time::Instant {
-    let Limits {
-        grace,
-        body_read_timeout,
-        max_connections,
-    } = limits;
-    let permits = Arc::new(Semaphore::new(max_connections.max(1)));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .max_header_list_size(MAX_HEADER_BYTES);
-    let graceful = GracefulShutdown::new();
-    let mut shutdown = pin!(shutdown);
-    loop {
-        // A permit before `accept`: at the cap, clients wait in the listen backlog.
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a little rather than spin.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
+}
+
+impl Connections {
+    /// Connections to `app`, with these limits.
+    pub fn new(app: App, limits: Limits) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .max_header_list_size(MAX_HEADER_BYTES);
+        Self {
+            builder,
+            graceful: GracefulShutdown::new(),
+            app,
+            limits,
+        }
+    }
+
+    /// Serves one accepted connection on a task of the current runtime; `on_close` runs when it
+    /// ends (it holds the connection's permit).
+    pub fn serve(&self, stream: TcpStream, peer: SocketAddr, on_close: impl Send + 'static) {
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
+        let app = self.app.clone();
+        let body_read_timeout = self.limits.body_read_timeout;
         let service = hyper::service::service_fn(move |request: Request<Incoming>| {
             let app = app.clone();
             let request = request.map(|body| Body::new(TimeoutBody::new(body_read_timeout, body)));
             async move { Ok::<_, Infallible>(app.handle(request, Peer(peer)).await) }
         });
-        let connection = builder
+        let connection = self
+            .builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        let connection = graceful.watch(connection);
+        let connection = self.graceful.watch(connection);
         tokio::spawn(async move {
-            let _permit = permit;
+            let _on_close = on_close;
             if let Err(e) = connection.await {
                 debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
-    let deadline = tokio::time::Instant::now() + grace;
-    drop(listener);
-    info!("stopped accepting: waiting for the requests in flight");
-    if tokio::time::timeout_at(deadline, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        warn!(
-            grace_ms = grace.as_millis() as u64,
-            "connections still open after the grace period: closing them"
-        );
+
+    /// Asks every connection to finish (HTTP/1.1: after its current request; HTTP/2: GOAWAY) and
+    /// waits for them, for at most the grace period. Returns the period's end.
+    pub async fn drain(self) -> tokio::time::Instant {
+        let grace = self.limits.grace;
+        let deadline = tokio::time::Instant::now() + grace;
+        info!("stopped accepting: waiting for the requests in flight");
+        if tokio::time::timeout_at(deadline, self.graceful.shutdown())
+            .await
+            .is_err()
+        {
+            warn!(
+                grace_ms = grace.as_millis() as u64,
+                "connections still open after the grace period: closing them"
+            );
+        }
+        deadline
     }
-    deadline
+}
+
+/// Serves `listener` on the current runtime until `shutdown` resolves, then drains connections
+/// for at most `limits.grace`. A connection is accepted only with one of `permits`; at the cap,
+/// clients wait in the listen backlog. Returns when the grace period ends (`now + grace` at the
+/// signal), so that the caller's wait for requests whose clients left shares the same deadline.
+/// (The binary spreads connections over worker threads instead: `crate::workers`.)
+pub async fn serve(
+    listener: TcpListener,
+    app: App,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+    permits: Arc<Semaphore>,
+) -> tokio::time::Instant {
+    let connections = Connections::new(app, limits);
+    let mut shutdown = pin!(shutdown);
+    while let Some((stream, peer, permit)) = accept(&listener, &permits, shutdown.as_mut()).await {
+        connections.serve(stream, peer, permit);
+    }
+    drop(listener);
+    connections.drain().await
+}
+
+/// The next connection, with its permit (taken before `accept`); `None` once `shutdown` resolved.
+pub async fn accept(
+    listener: &TcpListener,
+    permits: &Arc<Semaphore>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(permits).acquire_owned() => permit.ok()?,
+            () = shutdown.as_mut() => return None,
+        };
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => return Some((stream, peer, permit)),
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = shutdown.as_mut() => return None,
+        }
+    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

@@ -29,7 +29,7 @@ use idemlog_proxy::config::{RouteSettings, parse_rules};
 use idemlog_proxy::forward::Upstream;
 use idemlog_proxy::metrics::UpstreamMetrics;
 use idemlog_proxy::scope::ScopeSource;
-use idemlog_proxy::serve::{Limits, serve};
+use idemlog_proxy::serve::{Limits, connection_permits, serve};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -118,7 +118,6 @@ async fn proxy_on(upstream: &str, rules: &str, store: EmbeddedBackend) -> Proxy 
     let limits = Limits {
         grace: Duration::from_secs(1),
         body_read_timeout: Duration::from_secs(5),
-        max_connections: 16,
     };
     tokio::spawn(serve(
         listener,
@@ -127,6 +126,7 @@ async fn proxy_on(upstream: &str, rules: &str, store: EmbeddedBackend) -> Proxy 
             let _ = stopped.await;
         },
         limits,
+        connection_permits(16),
     ));
     Proxy { addr, _stop: stop }
 }
