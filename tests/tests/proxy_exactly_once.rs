@@ -4,31 +4,36 @@
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idemlog_e2e::proxy::*;
 use idemlog_e2e::*;
+
+/// `copies` clients, each on a connection of its own, POST the same order under `key` at once.
+fn concurrent_copies(proxy: &Arc<Proxy>, copies: usize, key: &str, behaviour: &str) -> Vec<Reply> {
+    let barrier = Arc::new(std::sync::Barrier::new(copies));
+    let threads: Vec<_> = (0..copies)
+        .map(|_| {
+            let (proxy, barrier) = (Arc::clone(proxy), Arc::clone(&barrier));
+            let (key, behaviour) = (key.to_owned(), behaviour.to_owned());
+            std::thread::spawn(move || {
+                barrier.wait();
+                proxy.post(TENANT_A, &key, ORDER, &behaviour)
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect()
+}
 
 #[test]
 fn twenty_concurrent_copies_run_the_upstream_once() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-concurrent");
     let proxy = Arc::new(Proxy::start(&upstream, dir.path(), &[]));
-    let barrier = Arc::new(std::sync::Barrier::new(20));
-    let threads: Vec<_> = (0..20)
-        .map(|_| {
-            let proxy = Arc::clone(&proxy);
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
-                barrier.wait();
-                proxy.post(TENANT_A, "order-1", ORDER, "slow=300")
-            })
-        })
-        .collect();
-    let replies: Vec<Reply> = threads
-        .into_iter()
-        .map(|t| t.join().expect("client thread"))
-        .collect();
+    let replies = concurrent_copies(&proxy, 20, "order-1", "slow=300");
     assert_eq!(upstream.runs("order-1"), 1, "{replies:#?}");
     let fresh: Vec<&Reply> = replies
         .iter()
@@ -428,31 +433,25 @@ fn copies_spread_over_four_workers_still_run_the_upstream_once() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-workers");
     let proxy = Arc::new(Proxy::start(&upstream, dir.path(), &["--workers", "4"]));
-    assert!(
+    // The listener accepts before the start-up line is logged (and read from the pipe).
+    let named = |proxy: &Proxy| {
         proxy
             .logs()
             .iter()
-            .any(|line| line.contains("proxy listening") && line.contains("workers=4")),
+            .any(|line| line.contains("proxy listening") && line.contains("workers=4"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !named(&proxy) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        named(&proxy),
         "the start-up log names the workers: {:?}",
         proxy.logs()
     );
     // Each copy on a connection of its own: the main thread spreads them over the four workers,
     // whose event loops claim the one key against each other.
-    let barrier = Arc::new(std::sync::Barrier::new(16));
-    let threads: Vec<_> = (0..16)
-        .map(|_| {
-            let proxy = Arc::clone(&proxy);
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
-                barrier.wait();
-                proxy.post(TENANT_A, "spread-1", ORDER, "slow=300")
-            })
-        })
-        .collect();
-    let replies: Vec<Reply> = threads
-        .into_iter()
-        .map(|t| t.join().expect("client thread"))
-        .collect();
+    let replies = concurrent_copies(&proxy, 16, "spread-1", "slow=300");
     assert_eq!(upstream.runs("spread-1"), 1, "{replies:#?}");
     let fresh = replies
         .iter()
