@@ -326,3 +326,30 @@ fn an_answer_that_stalls_mid_body_is_504_and_keeps_the_key() {
     assert_problem(&retry, 409);
     assert_eq!(upstream.runs("order-1"), 1);
 }
+
+#[test]
+fn a_pass_through_answer_that_stalls_mid_body_is_cut_off_after_the_upstream_timeout() {
+    let upstream = Upstream::start();
+    let dir = TempDir::new("proxy-stalled-pass-through");
+    let proxy = Proxy::start(&upstream, dir.path(), &["--upstream-timeout", "1s"]);
+    // A GET passes through; the upstream sends its head and half its body, then stalls for
+    // minutes. The client's read gives up after 60 s on its own.
+    let started = Instant::now();
+    let reply = proxy.try_request("GET", "/orders/1", &[("X-Test-Behaviour", "stall")], b"");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(20),
+        "the proxy held the client for {waited:?} while the upstream stalled mid-body"
+    );
+    if let Some(reply) = reply {
+        let declared: usize = reply
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .expect("the upstream's answer declares its length");
+        assert!(
+            reply.body.len() < declared,
+            "a cut-off body must not look whole: {} of {declared} bytes",
+            reply.body.len()
+        );
+    }
+}

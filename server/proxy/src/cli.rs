@@ -106,7 +106,9 @@ pub struct Cli {
     pub max_stored_response_bytes: usize,
 
     /// Longest wait for the upstream's answer (head, and the body of a protected request); then
-    /// 504, and a protected key stays in progress until its lease runs out.
+    /// 504, and a protected key stays in progress until its lease runs out. A streamed body (a
+    /// pass-through answer) may pause this long between pieces before the client's connection is
+    /// cut.
     #[arg(long, default_value = "30s", value_parser = parse_positive_duration)]
     pub upstream_timeout: Duration,
 

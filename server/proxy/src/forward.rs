@@ -25,7 +25,9 @@
 //! A protected request's response body is read here, within the same timeout, up to the route's
 //! stored limit: what the idempotency layer then stores is complete. A body larger than that is
 //! passed on as what was read followed by the rest, streamed (the layer sends it whole to the first
-//! client and stores only that the request completed).
+//! client and stores only that the request completed). A streamed body (that rest, or a
+//! pass-through response) that stops arriving for the timeout ends with an error, and the client's
+//! connection is cut: it never hangs as long as the upstream does.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -45,6 +47,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idemlog_idempotency::layer::{Collected, collect_bounded};
 use idemlog_idempotency::{ClaimDirective, ClaimInfo, Problem};
+use tower_http::timeout::TimeoutBody;
 use tracing::{debug, warn};
 
 use crate::metrics::{UpstreamError, UpstreamMetrics};
@@ -222,6 +225,9 @@ impl Forward {
                     Failure::Lost(error_chain(&e))
                 }
             })?;
+            // Past the head, a body that stops arriving for the timeout ends the exchange: the
+            // client's connection is cut rather than held open for as long as the upstream stalls.
+            let response = response.map(|body| TimeoutBody::new(upstream.timeout, body));
             match self.max_stored {
                 None => Ok(response.map(Body::new)),
                 Some(limit) => read_bounded(response, limit).await,
@@ -292,7 +298,7 @@ impl Forward {
 /// complete body comes back whole; a larger one as what was read followed by the rest of the
 /// stream; a body that fails midway is a connection lost after the request was sent.
 async fn read_bounded(
-    response: Response<hyper::body::Incoming>,
+    response: Response<TimeoutBody<hyper::body::Incoming>>,
     limit: usize,
 ) -> Result<Response<Body>, Failure> {
     let (parts, body) = response.into_parts();
