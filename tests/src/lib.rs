@@ -86,6 +86,7 @@ pub(crate) fn build_workspace_binary(package: &str, bin: &str) -> PathBuf {
 }
 
 /// A temporary data directory, removed on drop.
+#[derive(Debug)]
 pub struct TempDir(PathBuf);
 
 impl TempDir {

@@ -468,6 +468,8 @@ impl Drop for Upstream {
 struct Launch {
     args: Vec<OsString>,
     env: Vec<(String, String)>,
+    /// The folder of the `--config` file, kept as long as any process started this way.
+    config: Option<Arc<crate::TempDir>>,
 }
 
 /// A running `idemlog-proxy`. Killed on drop if still running.
@@ -503,7 +505,25 @@ impl Proxy {
         Self::launch(Launch {
             args: all,
             env: Vec::new(),
+            config: None,
         })
+    }
+
+    /// [`Proxy::start`] with the route rules `rules` (TOML) in a `--config` file of its own.
+    pub fn start_with_rules(
+        upstream: &Upstream,
+        data_dir: &Path,
+        rules: &str,
+        args: &[&str],
+    ) -> Proxy {
+        let config = crate::TempDir::new("proxy-config");
+        let path = write_config(config.path(), "proxy.toml", rules);
+        let path = path.to_str().expect("utf-8 path");
+        let mut all = vec!["--config", path];
+        all.extend_from_slice(args);
+        let mut proxy = Self::start(upstream, data_dir, &all);
+        proxy.launch.config = Some(Arc::new(config));
+        proxy
     }
 
     /// A proxy in front of `upstream` on the PostgreSQL database `url` (`--database-url`),
@@ -520,6 +540,7 @@ impl Proxy {
         Self::launch(Launch {
             args: all,
             env: Vec::new(),
+            config: None,
         })
     }
 

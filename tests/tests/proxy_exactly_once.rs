@@ -359,10 +359,9 @@ fn an_expired_key_runs_again() {
 fn a_route_rule_chooses_the_protected_methods_and_the_key_ttl() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-route-methods");
-    let config_dir = TempDir::new("proxy-route-methods-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 methods = ["PUT"]
@@ -372,9 +371,8 @@ path = "/documents/*"
 path = "/carts/**"
 key_ttl = "1s"
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
     // PUT is protected on /documents/*; elsewhere PUT passes through.
     let put = order_headers(TENANT_A, "doc-1", "");
     let first = proxy.request("PUT", "/documents/7", &put, ORDER.as_bytes());

@@ -131,19 +131,17 @@ fn the_body_limit_is_exact_and_holds_for_a_chunked_body() {
 fn a_body_over_a_route_limit_is_413() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-413-route");
-    let config_dir = TempDir::new("proxy-413-route-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 methods = ["POST"]
 path = "/uploads/**"
 max_body_bytes = 100
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
     let body = format!(r#"{{"pad": "{}"}}"#, "x".repeat(200));
     let headers = order_headers(TENANT_A, "upload-1", "");
     let refused = proxy.request("POST", "/uploads/a/b", &headers, body.as_bytes());
@@ -255,19 +253,17 @@ fn a_scope_header_from_an_untrusted_peer_is_401() {
 fn a_route_that_requires_a_key_refuses_a_request_without_one_with_400() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-key-required");
-    let config_dir = TempDir::new("proxy-key-required-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 methods = ["POST"]
 path = "/payments/*"
 key = "required"
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
     let headers = [
         (TENANT_HEADER, TENANT_A),
         ("Content-Type", "application/json"),
@@ -291,19 +287,17 @@ key = "required"
 fn a_route_rule_cannot_be_evaded_by_an_equivalent_spelling_of_its_path() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-path-spelling");
-    let config_dir = TempDir::new("proxy-path-spelling-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 methods = ["POST"]
 path = "/payments/*"
 key = "required"
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
     let headers = [
         (TENANT_HEADER, TENANT_A),
         ("Content-Type", "application/json"),

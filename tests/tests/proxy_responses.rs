@@ -33,19 +33,17 @@ fn set_cookie_is_not_replayed_by_default() {
 fn set_cookie_is_replayed_only_on_a_route_that_lists_it() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-cookie-listed");
-    let config_dir = TempDir::new("proxy-cookie-listed-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 methods = ["POST"]
 path = "/sessions"
 stored_headers = ["content-type", "set-cookie"]
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
     let headers = order_headers(TENANT_A, "session-1", "cookie");
     let first = proxy.request("POST", "/sessions", &headers, ORDER.as_bytes());
     assert_eq!(first.status, 201, "{first:?}");
@@ -191,18 +189,16 @@ fn a_large_request_body_reaches_the_upstream_whole() {
 fn a_compressed_answer_replays_with_its_content_encoding() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-gzip");
-    let config_dir = TempDir::new("proxy-gzip-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 path = "/narrow"
 stored_headers = ["content-type"]
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
     let first = proxy.post(TENANT_A, "order-1", ORDER, "gzip");
     assert_eq!(first.status, 201, "{first:?}");
     assert_eq!(first.header("content-encoding"), Some("gzip"));

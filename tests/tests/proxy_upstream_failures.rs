@@ -83,10 +83,9 @@ fn an_upstream_429_or_408_releases_the_key_by_default_and_other_4xx_are_kept() {
 fn release_statuses_of_a_route_choose_what_releases() {
     let upstream = Upstream::start();
     let dir = TempDir::new("proxy-release-statuses");
-    let config_dir = TempDir::new("proxy-release-statuses-config");
-    let config = write_config(
-        config_dir.path(),
-        "proxy.toml",
+    let proxy = Proxy::start_with_rules(
+        &upstream,
+        dir.path(),
         r#"
 [[route]]
 path = "/strict/**"
@@ -96,9 +95,8 @@ release_statuses = [503]
 path = "/lenient/**"
 release_statuses = ["4xx", "5xx"]
 "#,
+        &[],
     );
-    let config = config.to_str().expect("utf-8 path");
-    let proxy = Proxy::start(&upstream, dir.path(), &["--config", config]);
 
     // /strict: only 503 releases, so a 500 is kept and replayed.
     let h = order_headers(TENANT_A, "strict-500", "fail");
