@@ -375,7 +375,18 @@ mod tests {
         serde_json::from_slice::<Walk>(body).ok().and_then(|w| w.0)
     }
 
+    /// Whether serde_json stopped at a number too large for an `f64`, which this scanner reads by
+    /// design (see the module docs and `a_number_beyond_an_f64_is_read_from_its_text`): serde_json
+    /// then says nothing about the rest of the body, so there is nothing to compare.
+    fn serde_json_stops_at_a_huge_number(body: &[u8]) -> bool {
+        serde_json::from_slice::<Value>(body)
+            .is_err_and(|e| e.to_string().starts_with("number out of range"))
+    }
+
     fn assert_as_serde_json(body: &[u8]) {
+        if serde_json_stops_at_a_huge_number(body) {
+            return;
+        }
         let expected: Option<Value> = serde_json::from_slice(body).ok();
         match parse(body) {
             Some(doc) => {
@@ -466,6 +477,12 @@ mod tests {
         assert_eq!(
             parse(b"1E400").map(|d| d.value),
             Some(Json::Number("1e+400".to_owned()))
+        );
+        assert_eq!(
+            parse(b"[ 1E3456789012345678901234567890]").map(|d| d.value),
+            Some(Json::Array(vec![Json::Number(
+                "1e+3456789012345678901234567890".to_owned()
+            )]))
         );
     }
 
