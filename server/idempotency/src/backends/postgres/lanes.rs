@@ -6,14 +6,15 @@
 //! in one lane and are settled there in order, and two lanes never wait on each other's
 //! uncommitted rows of one key. There is no timer:
 //!
-//! - A call that finds its lane idle takes the lane and lets the scheduler turn once: calls travel
-//!   in convoys (one batch's answers wake its callers together, and they reach their next lane
-//!   microseconds apart), so the rest of a convoy queues behind it and a drainer sends them all
-//!   in one statement. A call still alone then runs as a batch of one, on the caller's own task,
-//!   and the lane is busy until it ends. Under light load every call goes this way: no hand-off
-//!   to another task, no wait beyond one turn of the scheduler. (Without the turn, the head of
-//!   every convoy cost a statement and a commit of its own: 40–50 % of all statements at 64
-//!   connections.)
+//! - A call that finds its lane idle takes the lane. If the lane's last batch carried more than
+//!   one call, it first lets the scheduler turn once: under load calls travel in convoys (one
+//!   batch's answers wake its callers together, and they reach their next lane microseconds
+//!   apart), so the rest of a convoy queues behind it and a drainer sends them all in one
+//!   statement. (Without the turn, the head of every convoy cost a statement and a commit of its
+//!   own: 40–50 % of all statements at 64 connections.) A call still alone runs as a batch of
+//!   one, on the caller's own task, and the lane is busy until it ends; the next call that finds
+//!   the lane idle then does not wait. Under light load every call goes this way: no hand-off to
+//!   another task, no wait, and no turn of the scheduler (which costs a poll of the I/O driver).
 //! - A call that finds the lane busy queues. When the batch in flight ends, a drainer task takes
 //!   everything queued at that moment (up to [`MAX_BATCH_CALLS`] calls and [`MAX_BATCH_BYTES`]
 //!   of parameters) as the next batch, and so on until the queue is empty; then the lane is idle
@@ -100,6 +101,11 @@ struct Lane<J: Job> {
 struct LaneState<J: Job> {
     busy: bool,
     queue: VecDeque<Queued<J>>,
+    /// Whether calls have lately come in company: the lane's last batch carried more than one
+    /// call (true at first). Only then does a call that finds the lane idle wait a turn of the
+    /// scheduler for the rest of its convoy; a call that ran alone clears it, so under light load
+    /// calls do not pay for the turn.
+    company: bool,
 }
 
 /// A fixed set of lanes for one kind of job.
@@ -120,6 +126,7 @@ impl<J: Job, R: Runner<J>> Lanes<J, R> {
                     state: Mutex::new(LaneState {
                         busy: false,
                         queue: VecDeque::new(),
+                        company: true,
                     }),
                 })
             })
@@ -150,10 +157,10 @@ impl<J: Job, R: Runner<J>> Lanes<J, R> {
                 None
             } else {
                 lane_state.busy = true;
-                Some(queued)
+                Some((queued, lane_state.company))
             }
         };
-        let Some(queued) = lead else {
+        let Some((queued, expect_company)) = lead else {
             return self.wait(answer, &state).await;
         };
         // The lane was idle. Calls travel in convoys: the calls of one batch are answered
@@ -165,10 +172,13 @@ impl<J: Job, R: Runner<J>> Lanes<J, R> {
             lane: lane.clone(),
             runner: self.runner.clone(),
         };
-        tokio::task::yield_now().await;
+        if expect_company {
+            tokio::task::yield_now().await;
+        }
         let alone = {
             let mut lane_state = lane.state.lock();
             if lane_state.queue.is_empty() {
+                lane_state.company = false;
                 Some(queued.job)
             } else {
                 lane_state.queue.push_front(queued);
@@ -253,6 +263,7 @@ async fn drain<J: Job, R: Runner<J>>(lane: Arc<Lane<J>>, runner: Arc<R>) {
                 state.busy = false;
                 return;
             }
+            state.company = batch.len() > 1;
             batch
         };
         if batch.is_empty() {
@@ -440,6 +451,23 @@ mod tests {
         drop(lead);
         assert_eq!(lanes.submit(echo(2, 1)).await.unwrap(), 20);
         assert_eq!(*recorder.batches.lock(), vec![vec![2]]);
+    }
+
+    #[tokio::test]
+    async fn after_a_call_that_ran_alone_the_next_lone_call_does_not_wait_a_turn() {
+        let recorder = Recorder::default();
+        let lanes = Lanes::new(1, recorder.clone(), Duration::from_secs(5), "test call");
+        // The first call on a fresh lane waits one turn for company (none comes)...
+        let mut first = Box::pin(lanes.submit(echo(1, 1)));
+        assert!(futures_poll_once(first.as_mut()).is_none());
+        assert_eq!(first.await.unwrap(), 10);
+        // ...and then the lane expects none: the next call is answered on its first poll.
+        let mut second = Box::pin(lanes.submit(echo(2, 1)));
+        assert_eq!(
+            futures_poll_once(second.as_mut()).map(Result::unwrap),
+            Some(20)
+        );
+        assert_eq!(*recorder.batches.lock(), vec![vec![1], vec![2]]);
     }
 
     /// Polls `future` once with a waker that does nothing.
