@@ -163,11 +163,8 @@ impl<J: Job, R: Runner<J>> Lanes<J, R> {
         let Some((queued, expect_company)) = lead else {
             return self.wait(answer, &state).await;
         };
-        // The lane was idle. Calls travel in convoys: the calls of one batch are answered
-        // together and reach their next lane within microseconds of each other. One turn of the
-        // scheduler lets the rest of a convoy queue behind this call, so the head of a convoy
-        // does not cost a statement of its own; a call still alone after it is the batch, on
-        // this task (under light load, every call).
+        // The lane was idle: wait one turn for the rest of a convoy if calls came in company
+        // lately (module docs); a call still alone is the batch, on this task.
         let leader = Leader {
             lane: lane.clone(),
             runner: self.runner.clone(),
